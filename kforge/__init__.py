@@ -1,0 +1,3 @@
+"""kforge: LLM-written accelerator kernels, proven correct and timed against PyTorch."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,64 @@
+"""Turn problem and candidate sources into live modules, models and inputs inside the worker."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BACKEND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "triton": "cuda"}
+
+
+def device_for(backend: str) -> torch.device:
+    return torch.device(BACKEND_DEVICES[backend])
+
+
+def load_module(source: str, name: str, workdir: Path, size_preset: str | None = None) -> types.ModuleType:
+    """Execute `source` as module `name` from a file in `workdir` (so tracebacks show its lines).
+
+    A problem's optional `SIZE_PRESETS[size_preset]` dict overrides its module-level size constants
+    before anything reads them; a preset the file does not define leaves its defaults.
+    """
+    path = workdir / f"{name}.py"
+    path.write_text(source)
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    if size_preset:
+        overrides = getattr(module, "SIZE_PRESETS", {}).get(size_preset, {})
+        module.__dict__.update(overrides)
+    return module
+
+
+def to_device(values: list[Any], device: torch.device) -> list[Any]:
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def make_inputs(problem: types.ModuleType, seed: int, device: torch.device) -> list[Any]:
+    """The problem's inputs drawn from `seed`, on `device`."""
+    torch.manual_seed(seed)
+    return to_device(list(problem.get_inputs()), device)
+
+
+def build_models(
+    problem: types.ModuleType, candidate: types.ModuleType | None, init_seed: int, device: torch.device
+) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """Reference Model and candidate ModelNew built from the same init inputs and the same seed,
+    so parameters created in the same order are identical."""
+    torch.manual_seed(init_seed)
+    init_inputs = list(problem.get_init_inputs())
+    torch.manual_seed(init_seed)
+    reference = problem.Model(*init_inputs).to(device)
+    if candidate is None:
+        return reference, None
+    torch.manual_seed(init_seed)
+    return reference, candidate.ModelNew(*init_inputs).to(device)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()

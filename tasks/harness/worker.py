@@ -1,0 +1,241 @@
+"""The isolated evaluation worker: one process per candidate and stage.
+
+    python -m tasks.harness.worker REQUEST.json RESULT.json
+
+The request names a mode (compile | verify | time | baseline), the problem and candidate sources,
+the backend, size preset and seeds. The result is one JSON object with an `outcome` from
+DESIGN.md's list plus the mode's measurements. This module imports torch and the harness only:
+nothing of Prefect, LLM clients or Parquet. The parent treats a missing or malformed result as
+a failure whatever the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tasks.harness import modules
+from tasks.harness.checks import compare_outputs, first_error_stats
+from tasks.harness.cpu import CompileError
+from tasks.harness.timing import TimingConfig, time_callable
+
+EXCERPT_CHARS = 4000
+
+
+class Outcome(Exception):
+    """Ends the evaluation early with a recorded outcome."""
+
+    def __init__(self, outcome: str, error_class: str, excerpt: str):
+        super().__init__(excerpt)
+        self.outcome, self.error_class, self.excerpt = outcome, error_class, excerpt
+
+
+def _excerpt(text: str) -> str:
+    return text if len(text) <= EXCERPT_CHARS else "...\n" + text[-EXCERPT_CHARS:]
+
+
+def classify_exception(exc: BaseException, stage: str) -> Outcome:
+    """Map an exception raised by candidate code during `stage` to an outcome."""
+    text = _excerpt("".join(traceback.format_exception(exc)))
+    message = str(exc)
+    if isinstance(exc, CompileError):
+        return Outcome("compile_error", "CompileError", _excerpt(message))
+    if isinstance(exc, SyntaxError) and stage == "import":
+        return Outcome("compile_error", "SyntaxError", text)
+    if isinstance(exc, RuntimeError) and "Error building extension" in message:
+        return Outcome("compile_error", "load_inline", _excerpt(message))
+    if isinstance(exc, MemoryError) or "can't allocate memory" in message or "out of memory" in message:
+        return Outcome("runtime_error", "out_of_memory", text)
+    return Outcome("runtime_error", f"{type(exc).__name__} in {stage}", text)
+
+
+def _run_candidate_code(stage: str, fn, *args):
+    try:
+        return fn(*args)
+    except Outcome:
+        raise
+    except BaseException as exc:  # candidate code may raise anything, SystemExit included
+        raise classify_exception(exc, stage) from None
+
+
+def _load_candidate(request: dict[str, Any], workdir: Path):
+    candidate = _run_candidate_code(
+        "import", modules.load_module, request["candidate_source"], "candidate", workdir, None
+    )
+    if not isinstance(getattr(candidate, "ModelNew", None), type):
+        raise Outcome("compile_error", "no_ModelNew", "the candidate defines no class ModelNew")
+    return candidate
+
+
+def _setup(request: dict[str, Any], workdir: Path, with_candidate: bool):
+    device = modules.device_for(request["backend"])
+    problem = modules.load_module(request["problem_source"], "problem", workdir, request.get("size_preset"))
+    candidate = _load_candidate(request, workdir) if with_candidate else None
+    if candidate is None:
+        reference, _ = modules.build_models(problem, None, request["init_seed"], device)
+        return device, problem, reference, None
+    reference, model_new = _run_candidate_code(
+        "init", modules.build_models, problem, candidate, request["init_seed"], device
+    )
+    return device, problem, reference, model_new
+
+
+def _check_output_devices(output: Any, device: torch.device) -> None:
+    for index, tensor in enumerate(output if isinstance(output, (tuple, list)) else [output]):
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != device.type:
+            raise Outcome(
+                "shape_mismatch", "device", f"output {index} is on {tensor.device}, expected {device}"
+            )
+
+
+def _to_host(output: Any) -> Any:
+    if isinstance(output, (tuple, list)):
+        return [o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in output]
+    return output.detach().cpu() if isinstance(output, torch.Tensor) else output
+
+
+def run_compile(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Import the candidate (its module-level compiles run here) and construct ModelNew."""
+    start = time.perf_counter()
+    _setup(request, workdir, with_candidate=True)
+    return {"outcome": "correct", "compile_s": time.perf_counter() - start}
+
+
+def run_verify(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Correctness over several trials, each with fresh inputs from a seed the candidate never saw."""
+    device, problem, reference, model_new = _setup(request, workdir, with_candidate=True)
+    trial_inputs, expected_outputs = [], []
+    with torch.no_grad():
+        # All reference outputs first, moved off the device, so the candidate cannot find them
+        # in memory the reference freed (INTEGRITY.md row 5).
+        for seed in request["seeds"]:
+            inputs = modules.make_inputs(problem, seed, device)
+            expected_outputs.append(_to_host(reference(*inputs)))
+            trial_inputs.append(inputs)
+        modules.synchronize(device)
+        del reference
+        stats = {"max_abs_err": 0.0, "max_rel_err": 0.0}
+        atol = rtol = 0.0
+        for inputs, expected in zip(trial_inputs, expected_outputs):
+            inputs_before = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
+            output = _run_candidate_code("forward", model_new, *inputs)
+            modules.synchronize(device)
+            _check_inputs_unchanged(inputs_before, inputs)
+            _check_output_devices(output, device)
+            mismatch, atol, rtol = compare_outputs(expected, _to_host(output))
+            if mismatch:
+                raise Outcome(mismatch.outcome, mismatch.error_class, mismatch.report)
+            trial_stats = first_error_stats(expected, _to_host(output))
+            stats = {key: max(stats[key], trial_stats[key]) for key in stats}
+    return {"outcome": "correct", "trials": len(trial_inputs), "atol": atol, "rtol": rtol, **stats}
+
+
+def _check_inputs_unchanged(before: list[Any], after: list[Any]) -> None:
+    for index, (old, new) in enumerate(zip(before, after)):
+        if isinstance(old, torch.Tensor) and not torch.equal(old, new):
+            raise Outcome("integrity_violation", "modified_input", f"the candidate wrote into input {index}")
+
+
+def _timing_inputs(request: dict[str, Any], problem, device) -> list[list[Any]]:
+    return [modules.make_inputs(problem, seed, device) for seed in request["seeds"]]
+
+
+def run_time(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Time the candidate; then check the output of its last timed call (INTEGRITY.md row 3)."""
+    device, problem, reference, model_new = _setup(request, workdir, with_candidate=True)
+    input_sets = _timing_inputs(request, problem, device)
+    with torch.no_grad():
+        expected_outputs = [_to_host(reference(*inputs)) for inputs in input_sets]
+    del reference
+    config = TimingConfig(**request.get("timing", {}))
+    timing = _run_candidate_code("timing", time_callable, model_new, input_sets, device, config)
+    mismatch, _, _ = compare_outputs(expected_outputs[timing.last_input_index], _to_host(timing.last_output))
+    if mismatch:
+        excerpt = f"the output of the last timed call is wrong: {mismatch.report}"
+        raise Outcome("integrity_violation", "last_timed_output", excerpt)
+    return {
+        "outcome": "correct",
+        "runtime_ms": timing.median_ms,
+        "runtime_p10_ms": timing.p10_ms,
+        "runtime_p90_ms": timing.p90_ms,
+        "timed_runs": timing.runs,
+    }
+
+
+def run_baseline(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Time the reference eagerly and under torch.compile with the same protocol."""
+    device, problem, reference, _ = _setup(request, workdir, with_candidate=False)
+    input_sets = _timing_inputs(request, problem, device)
+    config = TimingConfig(**request.get("timing", {}))
+    eager = time_callable(reference, input_sets, device, config)
+    result: dict[str, Any] = {
+        "outcome": "correct",
+        "eager_ms": eager.median_ms,
+        "eager_p10_ms": eager.p10_ms,
+        "eager_p90_ms": eager.p90_ms,
+        "compile_ms": None,
+        "torch_compile_error": None,
+    }
+    if request.get("torch_compile", True):
+        try:
+            compiled = torch.compile(reference)
+            compiled_timing = time_callable(compiled, input_sets, device, config)
+            result["compile_ms"] = compiled_timing.median_ms
+        except Exception as exc:  # a baseline torch cannot compile is recorded, not fatal
+            result["torch_compile_error"] = _excerpt(f"{type(exc).__name__}: {exc}")
+    return result
+
+
+MODES = {"compile": run_compile, "verify": run_verify, "time": run_time, "baseline": run_baseline}
+
+
+def evaluate(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Run one mode and return its result; candidate failures become outcomes, never exceptions."""
+    threads = request.get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+    try:
+        return MODES[request["mode"]](request, workdir)
+    except Outcome as outcome:
+        return {
+            "outcome": outcome.outcome,
+            "error_class": outcome.error_class,
+            "error_excerpt": outcome.excerpt,
+        }
+
+
+def apply_limits(limits: dict[str, Any]) -> None:
+    """CPU-time and address-space limits for this process, set before any candidate code runs."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    cpu_s = int(limits.get("cpu_s") or 0)
+    if cpu_s:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
+    memory_mb = limits.get("memory_mb")
+    if memory_mb:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+
+
+def main(argv: list[str]) -> int:
+    request_path, result_path = Path(argv[1]), Path(argv[2])
+    request = json.loads(request_path.read_text())
+    apply_limits(request.get("limits", {}))
+    result = evaluate(request, Path.cwd())
+    partial = result_path.with_suffix(".partial")
+    partial.write_text(json.dumps(result))
+    os.replace(partial, result_path)
+    sys.stdout.flush()
+    # Skip interpreter teardown: candidate extensions and OpenMP pools can crash at exit,
+    # which would only obscure a result already written.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
