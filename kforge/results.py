@@ -307,9 +307,7 @@ def _geomean_of(best: pd.DataFrame, by: Sequence[str], speedup_col: str) -> floa
     return np.exp(result) if isinstance(result, pd.Series) else float(np.exp(result))
 
 
-def fast_p(
-    df: pd.DataFrame, p: float, by: Sequence[str] | None = None, baseline: str = "eager"
-) -> float | pd.Series:
+def fast_p(df: pd.DataFrame, p: float, by: Sequence[str] | None = None, baseline: str = "eager") -> float | pd.Series:
     """Attempts -> fraction of distinct problems with a correct attempt whose speedup exceeds ``p``.
 
     ``p = 0`` is the correctness rate. Returns a float, or with ``by`` a Series indexed by the groups.
@@ -319,9 +317,7 @@ def fast_p(
     return _fast_p_of(best_per_problem(df, by, baseline), p, by, speedup_col)
 
 
-def geomean_speedup(
-    df: pd.DataFrame, by: Sequence[str] | None = None, baseline: str = "eager"
-) -> float | pd.Series:
+def geomean_speedup(df: pd.DataFrame, by: Sequence[str] | None = None, baseline: str = "eager") -> float | pd.Series:
     """Attempts -> geometric mean over problems of the best correct speedup (problems without one are
     skipped; NaN if none). Returns a float, or with ``by`` a Series indexed by the groups."""
     by = list(by or [])

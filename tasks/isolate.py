@@ -3,9 +3,10 @@
 The untrusted candidate never runs in this (the orchestrating) process. Each worker gets its own
 temporary working directory, its own process session (so a hang is killed with all its children),
 CPU-time and address-space limits, and an environment stripped of everything but what compilers
-and torch need (no API keys); the worker applies its CPU and memory limits to itself before it
-touches candidate code (no preexec_fn: this process runs Prefect's threads). A crash, hang or memory blow-up becomes an outcome with the tail of
-the worker's log; only a failure to start the worker at all is an infrastructure error.
+and torch need (no API keys). The worker applies its CPU and memory limits to itself before it
+touches candidate code (no preexec_fn: this process runs Prefect's threads). A crash, hang or
+memory blow-up becomes an outcome with the tail of the worker's log; only a failure to start the
+worker at all is an infrastructure error.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kforge.config import RunConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LOG_TAIL_CHARS = 4000
@@ -172,3 +175,32 @@ def _kill_session(process: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     process.wait()
+
+
+def evaluate_in_worker(
+    mode: str, problem_source: str, candidate_source: str | None, config: RunConfig
+) -> dict[str, Any]:
+    """Build the worker request for `mode` from the run's settings and run it isolated."""
+    seeds = (
+        config.seeds("time", 3) if mode in ("time", "baseline") else config.seeds("verify", config.correctness_trials)
+    )
+    request = {
+        "mode": mode,
+        "problem_source": problem_source,
+        "candidate_source": candidate_source,
+        "backend": config.backend,
+        "size_preset": config.effective_size_preset(),
+        "init_seed": config.seeds("init", 1)[0],
+        "seeds": seeds,
+        "torch_compile": config.torch_compile_baseline,
+        "timing": {
+            "warmup_runs": config.warmup_runs,
+            "min_runs": config.min_timed_runs,
+            "max_runs": config.max_timed_runs,
+            "budget_s": config.timing_budget_s,
+        },
+    }
+    wall_s = config.compile_timeout_s if mode in ("compile", "baseline") else config.run_timeout_s
+    memory_mb = config.memory_limit_mb if config.backend == "cpu" else None
+    limits = Limits(wall_s=wall_s, cpu_s=int(wall_s * 4) + 10, memory_mb=memory_mb)
+    return run_worker(request, limits, Path(config.cache_dir) / "kernels", config.threads)

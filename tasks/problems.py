@@ -40,9 +40,7 @@ class RejectedFile:
 
 def _module_level_int(tree: ast.Module, name: str) -> int | None:
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == name for t in node.targets
-        ):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             if isinstance(node.value, ast.Constant) and isinstance(node.value.value, int):
                 return node.value.value
     return None

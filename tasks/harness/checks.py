@@ -56,16 +56,12 @@ def _compare_one(expected: torch.Tensor, actual: Any, index: int) -> Mismatch | 
     label = f"output {index}"
     # Exactly torch.Tensor: a subclass can defer or fake its work (INTEGRITY.md row 4).
     if type(actual) is not torch.Tensor:
-        return Mismatch(
-            "integrity_violation", "not_a_tensor", f"{label} is {type(actual).__name__}, not torch.Tensor"
-        )
+        return Mismatch("integrity_violation", "not_a_tensor", f"{label} is {type(actual).__name__}, not torch.Tensor")
     if actual.shape != expected.shape:
         report = f"{label}: expected shape {tuple(expected.shape)}, got {tuple(actual.shape)}"
         return Mismatch("shape_mismatch", "shape", report)
     if actual.dtype != expected.dtype:
-        return Mismatch(
-            "shape_mismatch", "dtype", f"{label}: expected dtype {expected.dtype}, got {actual.dtype}"
-        )
+        return Mismatch("shape_mismatch", "dtype", f"{label}: expected dtype {expected.dtype}, got {actual.dtype}")
     if actual.device != expected.device:
         report = f"{label}: expected device {expected.device}, got {actual.device}"
         return Mismatch("shape_mismatch", "device", report)

@@ -91,9 +91,7 @@ def _setup(request: dict[str, Any], workdir: Path, with_candidate: bool):
 def _check_output_devices(output: Any, device: torch.device) -> None:
     for index, tensor in enumerate(output if isinstance(output, (tuple, list)) else [output]):
         if isinstance(tensor, torch.Tensor) and tensor.device.type != device.type:
-            raise Outcome(
-                "shape_mismatch", "device", f"output {index} is on {tensor.device}, expected {device}"
-            )
+            raise Outcome("shape_mismatch", "device", f"output {index} is on {tensor.device}, expected {device}")
 
 
 def _to_host(output: Any) -> Any:

@@ -11,9 +11,7 @@ hidden1 = 512
 hidden2 = 256
 output_size = 128
 
-SIZE_PRESETS = {
-    "gpu": {"batch_size": 1024, "input_size": 4096, "hidden1": 4096, "hidden2": 2048, "output_size": 1024}
-}
+SIZE_PRESETS = {"gpu": {"batch_size": 1024, "input_size": 4096, "hidden1": 4096, "hidden2": 2048, "output_size": 1024}}
 
 
 class Model(nn.Module):

@@ -1,0 +1,71 @@
+"""A whole suite: fan out over problems, record every attempt, return a summary."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.runtime import flow_run
+
+from flows.synthesize import synthesize_problem
+from kforge.config import RunConfig
+from tasks.problems import load_suite
+from tasks.record import host_facts, record_run_task, run_row
+
+
+class SuiteFailed(Exception):
+    """Some problems failed for infrastructure reasons; rerun the flow run to redo only those."""
+
+
+@task(name="load-suite")
+def load_suite_task(suite: str):
+    return load_suite(suite)
+
+
+def seed_from(run_id: str) -> int:
+    return int(hashlib.sha256(run_id.encode()).hexdigest()[:8], 16)
+
+
+@flow(name="run-suite")
+def run_suite(config: RunConfig) -> dict[str, Any]:
+    """Every problem of `config.suite` through the pipeline; returns counts per outcome."""
+    logger = get_run_logger()
+    # The flow run id survives a retry from the UI, so the rerun keeps its seeds and cache keys.
+    run_id = str(flow_run.get_id() or uuid.uuid4())
+    if config.base_seed is None:
+        config = config.model_copy(update={"base_seed": seed_from(run_id)})
+    started_at, facts = datetime.now(timezone.utc), host_facts()
+    problems, rejected = load_suite_task(config.suite)
+    for rejected_file in rejected:
+        logger.warning("skipped %s", rejected_file)
+    record_run_task(run_row(run_id, config, "running", started_at, facts), config.results_dir)
+
+    outcomes: Counter[str] = Counter()
+    failed_problems: dict[str, str] = {}
+    for problem in problems:
+        state = synthesize_problem(problem, config, run_id, return_state=True)
+        if state.is_completed():
+            outcomes.update(row["outcome"] for row in state.result())
+        else:
+            failed_problems[problem.problem_id] = state.message or "failed"
+
+    summary = {
+        "run_id": run_id,
+        "problems": len(problems),
+        "outcomes": dict(outcomes),
+        "rejected_files": [str(r) for r in rejected],
+        "failed_problems": failed_problems,
+        "results_dir": config.results_dir,
+    }
+    status = "failed" if failed_problems else "finished"
+    record_run_task(run_row(run_id, config, status, started_at, facts, summary), config.results_dir)
+    if failed_problems:
+        raise SuiteFailed(
+            f"{len(failed_problems)} problem(s) failed: {', '.join(failed_problems)}; "
+            "rerun the flow run to redo only what failed"
+        )
+    return summary

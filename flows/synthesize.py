@@ -1,0 +1,44 @@
+"""One problem: generate -> compile -> verify -> time, the outcome feeding the next iteration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from kforge.config import RunConfig
+from tasks.compile import compile_task
+from tasks.generate import GenerationRequest, generate_task
+from tasks.measure import baseline_task, time_task
+from tasks.problems import Problem
+from tasks.record import attempt_row, feedback_from_row, record_attempt_task
+from tasks.verify import verify_task
+
+
+def evaluate_candidate(problem: Problem, candidate_source: str, config: RunConfig) -> dict[str, dict[str, Any]]:
+    """Run the stages in order, stopping at the first one that does not pass."""
+    stage_results = {"compile": compile_task(problem, candidate_source, config)}
+    if stage_results["compile"]["outcome"] == "correct":
+        stage_results["verify"] = verify_task(problem, candidate_source, config)
+    if stage_results.get("verify", {}).get("outcome") == "correct":
+        stage_results["time"] = time_task(problem, candidate_source, config)
+    return stage_results
+
+
+@flow(name="synthesize-problem", flow_run_name="{problem.problem_id}")
+def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list[dict[str, Any]]:
+    """All attempts for one problem: the single-shot one, then `config.iterations` refinements."""
+    baseline = baseline_task(problem, config)
+    rows: list[dict[str, Any]] = []
+    previous_source, feedback = None, None
+    for iteration in range(config.iterations + 1):
+        request = GenerationRequest(problem, config.backend, iteration, previous_source, feedback)
+        reply = generate_task(request, agent=config.agent)
+        stage_results = evaluate_candidate(problem, reply.candidate_source, config) if reply.candidate_source else {}
+        parent = rows[-1]["attempt_id"] if rows else None
+        row = attempt_row(run_id, problem, config, iteration, reply, stage_results, baseline, parent)
+        rows.append(record_attempt_task(row, config.results_dir))
+        previous_source, feedback = reply.candidate_source, feedback_from_row(row)
+        if reply.exhausted:
+            break
+    return rows

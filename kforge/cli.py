@@ -1,0 +1,217 @@
+"""The `kforge` command: run a suite, evaluate one candidate, report on recorded results."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+BackendOption = Annotated[str, typer.Option(help="Kernel backend: cpu | cuda | triton.")]
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _prepare_prefect(cache_dir: str) -> None:
+    """Quiet, local Prefect defaults: an ephemeral server unless PREFECT_API_URL names one."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(Path(cache_dir).resolve() / "prefect-results"))
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+@app.command()
+def run(
+    suite: Annotated[str, typer.Option(help="Directory of KernelBench-format problem files.")] = "data/problems/smoke",
+    backend: BackendOption = "cpu",
+    iterations: Annotated[int, typer.Option(help="Refinement iterations after the single-shot attempt.")] = 1,
+    agent: Annotated[str, typer.Option(help="Generation agent; 'reference' is offline (no model).")] = "reference",
+    results: Annotated[
+        str, typer.Option(help="Results directory (Parquet datasets are appended here).")
+    ] = "data/results",
+    cache: Annotated[str, typer.Option(help="Cache directory for kernels and stage results.")] = "data/cache",
+    size_preset: Annotated[
+        str | None, typer.Option(help="Problem size preset ('gpu'; default 'gpu' on GPU backends).")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed for check and timing inputs (default: from the run id).")
+    ] = None,
+    trials: Annotated[int, typer.Option(help="Correctness trials per candidate, each with fresh inputs.")] = 3,
+    threads: Annotated[int | None, typer.Option(help="CPU threads per worker (default: all cores).")] = None,
+    torch_compile: Annotated[bool, typer.Option(help="Also time the reference under torch.compile.")] = True,
+) -> None:
+    """Run every problem of a suite through generate -> compile -> verify -> time and record the attempts."""
+    from kforge.config import RunConfig
+
+    if not Path(suite).expanduser().is_dir():
+        _fail(f"problem suite {suite} is not a directory (give --suite a folder of KernelBench-format .py files)")
+    config = RunConfig(
+        suite=str(Path(suite).expanduser()),
+        backend=backend,
+        iterations=iterations,
+        agent=agent,
+        results_dir=results,
+        cache_dir=cache,
+        size_preset=size_preset,
+        base_seed=seed,
+        correctness_trials=trials,
+        threads=threads,
+        torch_compile_baseline=torch_compile,
+    )
+    if agent == "reference":
+        typer.secho(
+            f"No model in use: the offline 'reference' agent proposes the kernels in "
+            f"kernels_ref/{backend}/ (drafts first, then the working kernel).",
+            fg=typer.colors.YELLOW,
+        )
+    _prepare_prefect(cache)
+    from flows.suite import run_suite
+
+    try:
+        summary = run_suite(config)
+    except Exception as exc:  # the flow already recorded every finished attempt
+        _fail(f"{type(exc).__name__}: {exc}")
+    _print_run(summary)
+
+
+def _print_run(summary: dict[str, Any]) -> None:
+    import pandas as pd
+
+    from kforge import results
+
+    attempts = results.load("attempts", summary["results_dir"])
+    attempts = attempts[attempts["run_id"] == summary["run_id"]]
+    typer.echo(f"\nrun {summary['run_id']}: {summary['problems']} problems, outcomes {summary['outcomes']}")
+    for rejected in summary["rejected_files"]:
+        typer.echo(f"skipped {rejected}")
+    if not attempts.empty:
+        columns = [
+            "problem_id",
+            "iteration",
+            "outcome",
+            "error_class",
+            "runtime_ms",
+            "eager_ms",
+            "compile_ms",
+            "speedup_eager",
+            "speedup_compile",
+        ]
+        with pd.option_context(
+            "display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format
+        ):
+            typer.echo(attempts.sort_values(["problem_id", "iteration"])[columns].to_string(index=False))
+    typer.echo(f"\nresults: {summary['results_dir']}/attempts  (kforge report --results {summary['results_dir']})")
+
+
+@app.command("eval")
+def eval_one(
+    problem: Annotated[Path, typer.Argument(help="KernelBench-format problem file.")],
+    candidate: Annotated[Path, typer.Argument(help="Candidate file defining ModelNew.")],
+    backend: BackendOption = "cpu",
+    cache: Annotated[str, typer.Option(help="Cache directory for compiled kernels.")] = "data/cache",
+    size_preset: Annotated[
+        str | None, typer.Option(help="Problem size preset (default 'gpu' on GPU backends).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for check and timing inputs.")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of lines.")] = False,
+) -> None:
+    """One candidate through the harness (compile, verify, time, baselines), no LLM and no Prefect."""
+    from kforge.config import RunConfig
+    from tasks.compile import compile_candidate
+    from tasks.measure import speedups, time_baselines, time_candidate
+    from tasks.problems import parse_problem
+    from tasks.verify import verify_candidate
+
+    try:
+        parsed = parse_problem(problem)
+        candidate_source = candidate.read_text()
+    except (OSError, ValueError) as exc:
+        _fail(f"{getattr(exc, 'filename', None) or problem}: {exc}")
+    config = RunConfig(backend=backend, cache_dir=cache, size_preset=size_preset, base_seed=seed)
+    report: dict[str, Any] = {"problem": str(problem), "candidate": str(candidate)}
+    for stage, evaluate in (
+        ("compile", compile_candidate),
+        ("verify", verify_candidate),
+        ("time", time_candidate),
+    ):
+        report[stage] = evaluate(parsed, candidate_source, config)
+        if report[stage]["outcome"] != "correct":
+            report["outcome"] = report[stage]["outcome"]
+            break
+    else:
+        report["outcome"] = "correct"
+        report["baseline"] = time_baselines(parsed, config)
+        report.update(speedups(report["time"], report["baseline"]))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, default=str))
+    else:
+        _print_eval(report)
+    raise typer.Exit(0 if report["outcome"] == "correct" else 1)
+
+
+def _print_eval(report: dict[str, Any]) -> None:
+    typer.echo(f"outcome: {report['outcome']}")
+    for stage in ("compile", "verify", "time", "baseline"):
+        if stage in report:
+            details = {k: v for k, v in report[stage].items() if k != "error_excerpt"}
+            typer.echo(f"  {stage}: {details}")
+            if report[stage].get("error_excerpt"):
+                typer.echo("    " + report[stage]["error_excerpt"].strip().replace("\n", "\n    "))
+    if report["outcome"] == "correct":
+        typer.echo(
+            f"  speedup vs eager {report['speedup_eager']:.3g}x, vs torch.compile "
+            f"{report['speedup_compile'] or float('nan'):.3g}x"
+        )
+
+
+def _parse_since(since: str) -> datetime:
+    units = {"d": "days", "h": "hours", "w": "weeks"}
+    if len(since) < 2 or since[-1] not in units or not since[:-1].isdigit():
+        _fail(f"--since {since!r}: use a number and a unit, e.g. 7d, 12h, 2w")
+    return datetime.now(timezone.utc) - timedelta(**{units[since[-1]]: int(since[:-1])})
+
+
+@app.command()
+def report(
+    results: Annotated[str, typer.Option(help="Results directory to read.")] = "data/results",
+    since: Annotated[str | None, typer.Option(help="Only attempts newer than this, e.g. 7d or 12h.")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Only this run ('latest' for the newest).")] = None,
+    baseline: Annotated[str, typer.Option(help="Speedup baseline: eager | compile | best.")] = "eager",
+    by: Annotated[str, typer.Option(help="Comma-separated grouping columns.")] = "level,backend",
+) -> None:
+    """fast_p at p = 0, 1, 1.5, 2 and geometric-mean speedup per group, from the Parquet results."""
+    import pandas as pd
+
+    from kforge import results as results_lib
+
+    attempts = results_lib.load("attempts", results)
+    if attempts.empty:
+        _fail(f"no attempts recorded under {results}/attempts (run `kforge run` first)")
+    if since:
+        attempts = attempts[attempts["created_at"] >= _parse_since(since)]
+    if run_id == "latest":
+        run_id = attempts.sort_values("created_at")["run_id"].iloc[-1]
+    if run_id:
+        attempts = attempts[attempts["run_id"] == run_id]
+    if attempts.empty:
+        _fail("no attempts match the filters")
+    table = results_lib.report_table(attempts, by=tuple(by.split(",")), baseline=baseline)
+    typer.echo(f"{len(attempts)} attempts, {attempts['run_id'].nunique()} run(s), speedup vs {baseline}")
+    with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
+        typer.echo(table.to_string())
+
+
+def main() -> None:
+    app(prog_name="kforge")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

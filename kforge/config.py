@@ -1,0 +1,43 @@
+"""The one typed configuration object a run passes down (also the form Prefect's UI renders)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+DEFAULT_CACHE = Path(os.environ.get("KFORGE_CACHE", "data/cache"))
+
+
+class RunConfig(BaseModel):
+    suite: str = Field("data/problems/smoke", description="Directory of KernelBench-format problem files")
+    backend: str = Field("cpu", description="cpu | cuda | triton")
+    iterations: int = Field(1, ge=0, description="Refinement iterations after the single-shot attempt")
+    agent: str = Field("reference", description="Generation agent; 'reference' is offline (no model)")
+    results_dir: str = Field("data/results", description="Where the Parquet datasets are appended")
+    cache_dir: str = Field(str(DEFAULT_CACHE), description="Compiled kernels and inductor cache")
+    size_preset: str | None = Field(None, description="Problem SIZE_PRESETS entry; default 'gpu' on GPU backends")
+    base_seed: int | None = Field(None, description="Seed for check and timing inputs; default: from the run id")
+    correctness_trials: int = Field(3, ge=1)
+    warmup_runs: int = Field(3, ge=0)
+    min_timed_runs: int = Field(10, ge=1)
+    max_timed_runs: int = Field(100, ge=1)
+    timing_budget_s: float = Field(1.0, gt=0, description="Stop timing after min runs once this is spent")
+    torch_compile_baseline: bool = Field(True, description="Also time the reference under torch.compile")
+    threads: int | None = Field(None, description="CPU threads per worker (default: all cores)")
+    compile_timeout_s: float = Field(300.0, gt=0)
+    run_timeout_s: float = Field(120.0, gt=0, description="Wall-time limit of a verify or timing worker")
+    memory_limit_mb: int | None = Field(8192, description="Address-space limit per worker (CPU backend)")
+    allow_library_calls: bool = Field(False, description="Allow candidates to call the reference's torch ops")
+
+    def effective_size_preset(self) -> str | None:
+        if self.size_preset:
+            return None if self.size_preset == "default" else self.size_preset
+        return "gpu" if self.backend in ("cuda", "triton") else None
+
+    def seeds(self, purpose: str, count: int) -> list[int]:
+        """Distinct seeds per purpose ('verify', 'time'), never the ones a problem file uses itself."""
+        offset = {"init": 0, "verify": 1_000, "time": 2_000}[purpose]
+        base = (self.base_seed or 0) * 10_007
+        return [base + offset + 17 * i + 3 for i in range(count)]

@@ -1,0 +1,43 @@
+"""Content-hash cache keys and the retry rule shared by the evaluation stages.
+
+A stage's key is the hash of its real inputs (problem source, candidate source, backend,
+toolchain, the settings that change its result), so a rerun of a failed flow run replays
+finished stages from Prefect's result store and redoes only what failed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from importlib import metadata
+from typing import Any
+
+from tasks.harness.cpu import toolchain_version
+from tasks.isolate import InfrastructureError
+
+
+@functools.lru_cache(maxsize=1)
+def toolchain_fingerprint() -> str:
+    return f"torch {metadata.version('torch')}; {toolchain_version()}"
+
+
+def content_key(stage: str, *parts: Any) -> str:
+    """`stage-<sha256>` of the JSON of `parts` plus the toolchain."""
+    payload = json.dumps([stage, toolchain_fingerprint(), *parts], sort_keys=True, default=str)
+    return f"{stage}-{hashlib.sha256(payload.encode()).hexdigest()}"
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def retry_on_infrastructure(_task: Any, _task_run: Any, state: Any) -> bool:
+    """Retry a stage only when the infrastructure failed, never for the candidate's own outcome."""
+    try:
+        state.result()
+    except InfrastructureError:
+        return True
+    except Exception:
+        return False
+    return False

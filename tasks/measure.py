@@ -1,0 +1,92 @@
+"""Timing stage: the candidate and the PyTorch baselines (eager and torch.compile), same protocol.
+
+Baselines are measured once per problem and run (their key holds the run's seeds, so a new
+run measures them again on the same machine state as its candidates, while a rerun of the same
+run replays them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+
+from kforge.config import RunConfig
+from tasks.caching import content_key, retry_on_infrastructure, source_hash
+from tasks.isolate import evaluate_in_worker
+from tasks.problems import Problem
+
+
+def _timing_settings(config: RunConfig) -> list[Any]:
+    return [
+        config.backend,
+        config.effective_size_preset(),
+        config.seeds("time", 3),
+        config.warmup_runs,
+        config.min_timed_runs,
+        config.max_timed_runs,
+        config.timing_budget_s,
+        config.threads,
+    ]
+
+
+def time_candidate(problem: Problem, candidate_source: str, config: RunConfig) -> dict[str, Any]:
+    """Median/p10/p90 runtime of a verified candidate, or the outcome that stopped it."""
+    return evaluate_in_worker("time", problem.source, candidate_source, config)
+
+
+def time_baselines(problem: Problem, config: RunConfig) -> dict[str, Any]:
+    """eager_ms and compile_ms of the reference (compile_ms None, with the reason, if torch.compile fails)."""
+    return evaluate_in_worker("baseline", problem.source, None, config)
+
+
+def speedups(timing: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float | None]:
+    """Baseline time / candidate time against eager, torch.compile and the faster of the two."""
+    runtime_ms = timing.get("runtime_ms")
+    eager_ms, compile_ms = baseline.get("eager_ms"), baseline.get("compile_ms")
+    if not runtime_ms:
+        return {"speedup_eager": None, "speedup_compile": None, "speedup_best": None}
+    best_ms = min(ms for ms in (eager_ms, compile_ms) if ms) if (eager_ms or compile_ms) else None
+    return {
+        "speedup_eager": eager_ms / runtime_ms if eager_ms else None,
+        "speedup_compile": compile_ms / runtime_ms if compile_ms else None,
+        "speedup_best": best_ms / runtime_ms if best_ms else None,
+    }
+
+
+def _candidate_key(_context: Any, parameters: dict[str, Any]) -> str:
+    problem: Problem = parameters["problem"]
+    config: RunConfig = parameters["config"]
+    return content_key(
+        "time", problem.source_hash, source_hash(parameters["candidate_source"]), *_timing_settings(config)
+    )
+
+
+def _baseline_key(_context: Any, parameters: dict[str, Any]) -> str:
+    problem: Problem = parameters["problem"]
+    config: RunConfig = parameters["config"]
+    return content_key("baseline", problem.source_hash, config.torch_compile_baseline, *_timing_settings(config))
+
+
+@task(
+    name="time",
+    cache_key_fn=_candidate_key,
+    persist_result=True,
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_on_infrastructure,
+)
+def time_task(problem: Problem, candidate_source: str, config: RunConfig) -> dict[str, Any]:
+    return time_candidate(problem, candidate_source, config)
+
+
+@task(
+    name="baseline",
+    cache_key_fn=_baseline_key,
+    persist_result=True,
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_on_infrastructure,
+)
+def baseline_task(problem: Problem, config: RunConfig) -> dict[str, Any]:
+    return time_baselines(problem, config)

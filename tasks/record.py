@@ -1,0 +1,186 @@
+"""Record stage: one `attempts` row per evaluated candidate, one `runs` row at start and at end.
+
+Rows are appended as soon as an attempt ends, so a killed run keeps everything before it. The
+attempt task is cached by its attempt id: rerunning a failed flow run does not write a row twice.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import platform
+import shutil
+import socket
+import subprocess
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from kforge.config import RunConfig
+from kforge.results import SCHEMA_VERSION, append_rows
+from tasks.caching import source_hash, toolchain_fingerprint
+from tasks.generate import GenerationReply
+from tasks.harness.cpu import toolchain_version
+from tasks.measure import speedups
+from tasks.problems import Problem
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+EXCERPT_CHARS = 2000
+
+
+def attempt_id(run_id: str, problem: Problem, iteration: int, rollout: int = 0) -> str:
+    return hashlib.sha256(f"{run_id}/{problem.problem_id}/{iteration}/{rollout}".encode()).hexdigest()[:16]
+
+
+def final_stage(stage_results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The result that decides the attempt's outcome: the first stage that did not pass, else the last."""
+    for result in stage_results.values():
+        if result.get("outcome") != "correct":
+            return result
+    return list(stage_results.values())[-1]
+
+
+def attempt_row(
+    run_id: str,
+    problem: Problem,
+    config: RunConfig,
+    iteration: int,
+    reply: GenerationReply,
+    stage_results: dict[str, dict[str, Any]],
+    baseline: dict[str, Any],
+    parent_attempt: str | None = None,
+) -> dict[str, Any]:
+    """The `attempts` row for one candidate from its generation reply and stage results."""
+    if reply.candidate_source is None:
+        decisive = {"outcome": "generation_failed", "error_class": "no_code", "error_excerpt": reply.error}
+    else:
+        decisive = final_stage(stage_results)
+    timing = stage_results.get("time", {}) if decisive.get("outcome") == "correct" else {}
+    verify = stage_results.get("verify", {})
+    excerpt = decisive.get("error_excerpt")
+    return {
+        "attempt_id": attempt_id(run_id, problem, iteration),
+        "run_id": run_id,
+        "schema_version": SCHEMA_VERSION,
+        "problem_id": problem.problem_id,
+        "problem_hash": problem.source_hash,
+        "level": problem.level,
+        "suite": problem.suite,
+        "backend": config.backend,
+        "device": "cpu" if config.backend == "cpu" else "cuda",
+        "size_preset": config.effective_size_preset(),
+        "model": reply.model,
+        "agent": config.agent,
+        "agent_config": json.dumps(reply.agent_config, sort_keys=True),
+        "iteration": iteration,
+        "rollout": 0,
+        "parent_attempt": parent_attempt,
+        "outcome": decisive["outcome"],
+        "error_class": decisive.get("error_class"),
+        "error_excerpt": excerpt[-EXCERPT_CHARS:] if excerpt else None,
+        "source_hash": source_hash(reply.candidate_source or ""),
+        "candidate_source": reply.candidate_source,
+        "compile_s": stage_results.get("compile", {}).get("compile_s"),
+        "runtime_ms": timing.get("runtime_ms"),
+        "runtime_p10_ms": timing.get("runtime_p10_ms"),
+        "runtime_p90_ms": timing.get("runtime_p90_ms"),
+        "eager_ms": baseline.get("eager_ms"),
+        "compile_ms": baseline.get("compile_ms"),
+        **speedups(timing, baseline),
+        "atol": verify.get("atol"),
+        "rtol": verify.get("rtol"),
+        "allow_library_calls": config.allow_library_calls,
+        "tokens_in": reply.tokens_in,
+        "tokens_out": reply.tokens_out,
+        "cost_usd": reply.cost_usd,
+        "created_at": datetime.now(timezone.utc),
+    }
+
+
+@task(
+    name="record-attempt",
+    cache_key_fn=lambda _ctx, params: "record-" + params["row"]["attempt_id"],
+    persist_result=True,
+    retries=2,
+    retry_delay_seconds=3,
+)
+def record_attempt_task(row: dict[str, Any], results_dir: str) -> dict[str, Any]:
+    append_rows(results_dir, "attempts", [row], run_id=row["run_id"])
+    return row
+
+
+def _command_output(*command: str) -> str | None:
+    if not shutil.which(command[0]):
+        return None
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def host_facts() -> dict[str, Any]:
+    """Host, GPU, driver and toolchain versions for the `runs` table (no torch import here)."""
+    gpu = _command_output("nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader")
+    gpu_name, driver = gpu.splitlines()[0].split(", ")[:2] if gpu else (None, None)
+    nvcc = _command_output("nvcc", "--version")
+    return {
+        "host": socket.gethostname(),
+        "device": "cuda" if gpu else "cpu",
+        "gpu_name": gpu_name,
+        "driver": driver,
+        "toolchain": json.dumps(
+            {
+                "gxx": toolchain_version(),
+                "nvcc": nvcc.splitlines()[-1] if nvcc else None,
+                "gpu_clocks_at_start": gpu.splitlines()[0] if gpu else None,
+                "fingerprint": toolchain_fingerprint(),
+                "user": getpass.getuser(),
+            }
+        ),
+        "torch_version": metadata.version("torch"),
+        "python_version": platform.python_version(),
+        "git_sha": _command_output("git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"),
+    }
+
+
+def run_row(
+    run_id: str,
+    config: RunConfig,
+    status: str,
+    started_at: datetime,
+    facts: dict[str, Any],
+    summary: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "schema_version": SCHEMA_VERSION,
+        "status": status,
+        "config": config.model_dump_json(),
+        **facts,
+        "started_at": started_at,
+        "finished_at": datetime.now(timezone.utc) if status != "running" else None,
+        "summary": json.dumps(summary) if summary is not None else None,
+    }
+
+
+@task(name="record-run", retries=2, retry_delay_seconds=3)
+def record_run_task(row: dict[str, Any], results_dir: str) -> None:
+    append_rows(results_dir, "runs", [row], run_id=row["run_id"])
+
+
+def feedback_from_row(row: dict[str, Any]) -> dict[str, Any]:
+    """What the next generation sees of this attempt."""
+    keys = (
+        "outcome",
+        "error_class",
+        "error_excerpt",
+        "runtime_ms",
+        "eager_ms",
+        "compile_ms",
+        "speedup_eager",
+    )
+    return {key: row.get(key) for key in keys}
