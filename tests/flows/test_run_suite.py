@@ -1,0 +1,74 @@
+"""run-suite through a real ephemeral Prefect server: results land in Parquet, and a rerun after a
+mid-run failure replays finished stages from Prefect's cache instead of recomputing them."""
+
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from prefect import tags
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterTags
+
+from flows.suite import SuiteFailed, run_suite
+from kforge import results
+
+SMOKE = Path(__file__).resolve().parents[2] / "data" / "problems" / "smoke"
+
+
+def stage_states(tag: str) -> Counter:
+    """(stage, state name) counts of the task runs created under `tag`."""
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(task_run_filter=TaskRunFilter(tags=TaskRunFilterTags(all_=[tag])))
+    return Counter((run.name.rsplit("-", 1)[0], run.state.name) for run in task_runs)
+
+
+@pytest.fixture
+def small_suite(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name in ("1_relu.py", "1_matmul.py"):  # 1_relu has a compile-error draft first
+        shutil.copy(SMOKE / name, suite / name)
+    (suite / "broken.py").write_text("class Model:\n    pass\n")  # no get_inputs: rejected, not fatal
+    return suite
+
+
+def test_rerun_after_failure_replays_finished_stages_from_cache(prefect_server, small_suite, tmp_path, config):
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    blocker = results_dir / "attempts"
+    blocker.write_text("a file where the attempts dataset should be: every attempt write fails")
+    run_config = config.model_copy(update={"suite": str(small_suite), "results_dir": str(results_dir)})
+
+    with tags("first-try"), pytest.raises(SuiteFailed, match="2 problem"):
+        run_suite(run_config)
+    first = stage_states("first-try")
+    assert first[("compile", "Completed")] == 2  # one candidate per problem reached compile before the failure
+    assert first[("record-attempt", "Failed")] == 2
+    assert results.load("runs", results_dir)["status"].tolist() == ["failed"]
+
+    blocker.unlink()
+    with tags("second-try"):
+        summary = run_suite(run_config)
+    second = stage_states("second-try")
+    # Everything finished in the first try is replayed from cache: no stage runs twice.
+    for stage in ("compile", "verify", "time", "baseline", "generate"):
+        assert second[(stage, "Completed")] == 0, (stage, second)
+    assert second[("compile", "Cached")] == 2
+    assert second[("baseline", "Cached")] == 2
+    # Only what had not run before runs now: 1_relu's second candidate (the working kernel).
+    assert second[("compile", "Completed")] + second[("compile", "Cached")] == 3
+    assert summary["outcomes"] == {"compile_error": 1, "correct": 2}
+    assert summary["rejected_files"] and "broken.py" in summary["rejected_files"][0]
+
+    attempts = results.load("attempts", results_dir)
+    assert sorted(zip(attempts["problem_id"], attempts["iteration"], attempts["outcome"])) == [
+        ("1_matmul", 0, "correct"),
+        ("1_relu", 0, "compile_error"),
+        ("1_relu", 1, "correct"),
+    ]
+    correct = attempts[attempts["outcome"] == "correct"]
+    assert (correct["runtime_ms"] > 0).all() and (correct["eager_ms"] > 0).all()
+    assert (correct["speedup_eager"] - correct["eager_ms"] / correct["runtime_ms"]).abs().max() < 1e-9
+    assert set(results.load("runs", results_dir)["status"]) == {"failed", "finished"}
+

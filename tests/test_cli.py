@@ -1,0 +1,73 @@
+"""The `kforge` command as a user runs it: a subprocess, its own ephemeral Prefect server."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kforge import results
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "data" / "problems" / "smoke"
+
+
+def kforge(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "kforge.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900
+    )
+
+
+@pytest.mark.slow
+def test_run_smoke_suite_then_report(tmp_path):
+    results_dir, cache = tmp_path / "results", tmp_path / "cache"
+    run = kforge("run", "--suite", str(SMOKE), "--results", str(results_dir), "--cache", str(cache),
+                 "--no-torch-compile", "--trials", "2", home=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "No model in use" in run.stdout
+
+    attempts = results.load("attempts", results_dir)
+    problem_ids = {path.stem for path in SMOKE.glob("*.py")}
+    assert set(attempts["problem_id"]) == problem_ids  # every problem has a row
+    assert {"correct", "compile_error", "numerical_mismatch", "shape_mismatch"} <= set(attempts["outcome"])
+    final = attempts.sort_values("iteration").groupby("problem_id").tail(1)
+    assert (final["outcome"] == "correct").all()  # the offline agent ends every smoke problem on a working kernel
+    assert attempts["compile_ms"].isna().all() and attempts["eager_ms"].notna().all()
+    runs = results.load("runs", results_dir)
+    assert runs["status"].tolist() == ["finished"] and runs["torch_version"].notna().all()
+
+    report = kforge("report", "--results", str(results_dir), home=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "fast_1.5" in report.stdout and "geomean_speedup" in report.stdout
+    expected = results.report_table(attempts)
+    for level, row in expected.iterrows():
+        assert f"{row['fast_0']:.3f}" in report.stdout, (level, report.stdout)
+
+
+def test_eval_one_candidate(tmp_path):
+    run = kforge("eval", str(SMOKE / "1_relu.py"), str(ROOT / "kernels_ref/cpu/1_relu.py"),
+                 "--cache", str(tmp_path / "cache"), home=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "outcome: correct" in run.stdout and "speedup vs eager" in run.stdout
+
+    draft = kforge("eval", str(SMOKE / "1_softmax.py"), str(ROOT / "kernels_ref/cpu/drafts/1_softmax.0.py"),
+                   "--cache", str(tmp_path / "cache"), home=tmp_path)
+    assert draft.returncode == 1 and "outcome: numerical_mismatch" in draft.stdout
+    assert "max abs err" in draft.stdout
+
+
+def test_bad_input_is_one_clear_line(tmp_path):
+    malformed = tmp_path / "bad.py"
+    malformed.write_text("def get_inputs(:\n")
+    run = kforge("eval", str(malformed), str(ROOT / "kernels_ref/cpu/1_relu.py"), home=tmp_path)
+    assert run.returncode == 2
+    assert run.stderr.strip().count("\n") == 0 and "bad.py" in run.stderr and "syntax error" in run.stderr
+
+    missing = kforge("run", "--suite", str(tmp_path / "nope"), home=tmp_path)
+    assert missing.returncode == 2 and "is not a directory" in missing.stderr
+
+    empty = kforge("report", "--results", str(tmp_path / "none"), home=tmp_path)
+    assert empty.returncode == 2 and "no attempts recorded" in empty.stderr
