@@ -1,0 +1,42 @@
+"""Fixtures shared by all test directories: a small, fast run configuration and a source writer."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kforge.config import RunConfig
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory) -> Path:
+    """One cache for the whole session, so a kernel compiled by one test is loaded by the next."""
+    return tmp_path_factory.mktemp("kforge-cache")
+
+
+@pytest.fixture
+def config(session_cache) -> RunConfig:
+    """Few trials and short timing, fixed seed, no torch.compile baseline (25 s on 2 cores)."""
+    return RunConfig(
+        cache_dir=str(session_cache),
+        torch_compile_baseline=False,
+        threads=2,
+        min_timed_runs=3,
+        max_timed_runs=10,
+        timing_budget_s=0.05,
+        correctness_trials=2,
+        base_seed=7,
+    )
+
+
+@pytest.fixture
+def write_source(tmp_path):
+    """write_source("dir/name.py", text) writes dedented `text` under tmp_path and returns its path."""
+
+    def write(relative_path: str, text: str) -> Path:
+        path = tmp_path / relative_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+        return path
+
+    return write
