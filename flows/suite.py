@@ -46,10 +46,14 @@ def run_suite(config: RunConfig) -> dict[str, Any]:
 
     outcomes: Counter[str] = Counter()
     failed_problems: dict[str, str] = {}
+    broken_problems: list[str] = []  # the reference itself fails; see the flow run's log
     for problem in problems:
         state = synthesize_problem(problem, config, run_id, return_state=True)
         if state.is_completed():
-            outcomes.update(row["outcome"] for row in state.result())
+            rows = state.result()
+            outcomes.update(row["outcome"] for row in rows)
+            if not rows:
+                broken_problems.append(problem.problem_id)
         else:
             failed_problems[problem.problem_id] = state.message or "failed"
 
@@ -59,6 +63,7 @@ def run_suite(config: RunConfig) -> dict[str, Any]:
         "outcomes": dict(outcomes),
         "rejected_files": [str(r) for r in rejected],
         "failed_problems": failed_problems,
+        "broken_problems": broken_problems,
         "results_dir": config.results_dir,
     }
     status = "failed" if failed_problems else "finished"

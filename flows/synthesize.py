@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from kforge.config import RunConfig
 from tasks.compile import compile_task
@@ -28,13 +28,23 @@ def evaluate_candidate(problem: Problem, candidate_source: str, config: RunConfi
 @flow(name="synthesize-problem", flow_run_name="{problem.problem_id}")
 def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list[dict[str, Any]]:
     """All attempts for one problem: the single-shot one, then `config.iterations` refinements."""
-    baseline = baseline_task(problem, config)
+    baseline: dict[str, Any] = {}  # measured once the agent has produced a candidate
     rows: list[dict[str, Any]] = []
     previous_source, feedback = None, None
     for iteration in range(config.iterations + 1):
         request = GenerationRequest(problem, config.backend, iteration, previous_source, feedback)
         reply = generate_task(request, agent=config.agent)
-        stage_results = evaluate_candidate(problem, reply.candidate_source, config) if reply.candidate_source else {}
+        stage_results = {}
+        if reply.candidate_source:
+            baseline = baseline or baseline_task(problem, config)
+            if baseline["outcome"] != "correct":
+                get_run_logger().error(
+                    "%s: the reference itself fails, skipping the problem\n%s",
+                    problem.problem_id,
+                    baseline.get("error_excerpt"),
+                )
+                return rows
+            stage_results = evaluate_candidate(problem, reply.candidate_source, config)
         parent = rows[-1]["attempt_id"] if rows else None
         row = attempt_row(run_id, problem, config, iteration, reply, stage_results, baseline, parent)
         rows.append(record_attempt_task(row, config.results_dir))

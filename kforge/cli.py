@@ -92,6 +92,8 @@ def _print_run(summary: dict[str, Any]) -> None:
     typer.echo(f"\nrun {summary['run_id']}: {summary['problems']} problems, outcomes {summary['outcomes']}")
     for rejected in summary["rejected_files"]:
         typer.echo(f"skipped {rejected}")
+    for problem_id in summary.get("broken_problems", []):
+        typer.echo(f"skipped {problem_id}: its reference Model fails (see the run log)")
     if not attempts.empty:
         columns = [
             "problem_id",

@@ -11,9 +11,11 @@ a failure whatever the exit code.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -88,8 +90,13 @@ def _setup(request: dict[str, Any], workdir: Path, with_candidate: bool):
     return device, problem, reference, model_new
 
 
-def _check_output_devices(output: Any, device: torch.device) -> None:
+def _check_output_tensors(output: Any, device: torch.device) -> None:
+    """Exact torch.Tensor on `device`, checked before anything touches the output: `.detach().cpu()`
+    on a subclass runs the candidate's code and can hand back a plain tensor (INTEGRITY.md row 4)."""
     for index, tensor in enumerate(output if isinstance(output, (tuple, list)) else [output]):
+        if isinstance(tensor, torch.Tensor) and type(tensor) is not torch.Tensor:
+            report = f"output {index} is {type(tensor).__name__}, not torch.Tensor"
+            raise Outcome("integrity_violation", "not_a_tensor", report)
         if isinstance(tensor, torch.Tensor) and tensor.device.type != device.type:
             raise Outcome("shape_mismatch", "device", f"output {index} is on {tensor.device}, expected {device}")
 
@@ -127,7 +134,7 @@ def run_verify(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
             output = _run_candidate_code("forward", model_new, *inputs)
             modules.synchronize(device)
             _check_inputs_unchanged(inputs_before, inputs)
-            _check_output_devices(output, device)
+            _check_output_tensors(output, device)
             mismatch, atol, rtol = compare_outputs(expected, _to_host(output))
             if mismatch:
                 raise Outcome(mismatch.outcome, mismatch.error_class, mismatch.report)
@@ -155,6 +162,7 @@ def run_time(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     del reference
     config = TimingConfig(**request.get("timing", {}))
     timing = _run_candidate_code("timing", time_callable, model_new, input_sets, device, config)
+    _check_output_tensors(timing.last_output, device)
     mismatch, _, _ = compare_outputs(expected_outputs[timing.last_input_index], _to_host(timing.last_output))
     if mismatch:
         excerpt = f"the output of the last timed call is wrong: {mismatch.report}"
@@ -170,10 +178,13 @@ def run_time(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
 def run_baseline(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """Time the reference eagerly and under torch.compile with the same protocol."""
-    device, problem, reference, _ = _setup(request, workdir, with_candidate=False)
-    input_sets = _timing_inputs(request, problem, device)
-    config = TimingConfig(**request.get("timing", {}))
-    eager = time_callable(reference, input_sets, device, config)
+    try:
+        device, problem, reference, _ = _setup(request, workdir, with_candidate=False)
+        input_sets = _timing_inputs(request, problem, device)
+        config = TimingConfig(**request.get("timing", {}))
+        eager = time_callable(reference, input_sets, device, config)
+    except Exception as exc:  # the problem itself is broken: no candidate can be judged against it
+        raise Outcome("runtime_error", "reference_failed", _excerpt("".join(traceback.format_exception(exc)))) from None
     result: dict[str, Any] = {
         "outcome": "correct",
         "eager_ms": eager.median_ms,
@@ -221,7 +232,16 @@ def apply_limits(limits: dict[str, Any]) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
 
 
+def die_with_parent() -> None:
+    """Linux: have the kernel kill this worker if the orchestrator dies, so no candidate outlives a run."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str]) -> int:
+    die_with_parent()
     request_path, result_path = Path(argv[1]), Path(argv[2])
     request = json.loads(request_path.read_text())
     apply_limits(request.get("limits", {}))

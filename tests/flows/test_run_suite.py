@@ -76,4 +76,3 @@ def test_rerun_after_failure_replays_finished_stages_from_cache(prefect_server, 
     assert (correct["runtime_ms"] > 0).all() and (correct["eager_ms"] > 0).all()
     assert (correct["speedup_eager"] - correct["eager_ms"] / correct["runtime_ms"]).abs().max() < 1e-9
     assert set(results.load("runs", results_dir)["status"]) == {"failed", "finished"}
-
