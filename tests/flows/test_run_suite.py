@@ -5,6 +5,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from prefect import tags
 from prefect.client.orchestration import get_client
@@ -76,3 +77,24 @@ def test_rerun_after_failure_replays_finished_stages_from_cache(prefect_server, 
     assert (correct["runtime_ms"] > 0).all() and (correct["eager_ms"] > 0).all()
     assert (correct["speedup_eager"] - correct["eager_ms"] / correct["runtime_ms"]).abs().max() < 1e-9
     assert set(results.load("runs", results_dir)["status"]) == {"failed", "finished"}
+
+
+def test_problem_without_kernel_and_broken_reference(prefect_server, tmp_path, config):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    # A valid problem the offline agent has no kernel for, as for any KernelBench problem.
+    (suite / "7_no_kernel.py").write_text((SMOKE / "1_relu.py").read_text())
+    # A problem whose own reference fails; named like a smoke problem so the agent offers a kernel.
+    broken = (SMOKE / "1_relu.py").read_text().replace("return torch.relu(x)", "raise ValueError('bad reference')")
+    assert "bad reference" in broken
+    (suite / "1_relu.py").write_text(broken)
+    results_dir = tmp_path / "results"
+    summary = run_suite(config.model_copy(update={"suite": str(suite), "results_dir": str(results_dir)}))
+
+    assert summary["broken_problems"] == ["1_relu"]
+    assert summary["outcomes"] == {"generation_failed": 1}
+    attempts = results.load("attempts", results_dir)
+    row = attempts.iloc[0]
+    assert (row["problem_id"], row["outcome"], row["error_class"]) == ("7_no_kernel", "generation_failed", "no_code")
+    assert "no reference kernel for 7_no_kernel" in row["error_excerpt"]
+    assert pd.isna(row["eager_ms"])  # nothing to compare: the reference was never timed
