@@ -24,8 +24,19 @@ def kforge(*args: str, home: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_run_smoke_suite_then_report(tmp_path):
     results_dir, cache = tmp_path / "results", tmp_path / "cache"
-    run = kforge("run", "--suite", str(SMOKE), "--results", str(results_dir), "--cache", str(cache),
-                 "--no-torch-compile", "--trials", "2", home=tmp_path)
+    run = kforge(
+        "run",
+        "--suite",
+        str(SMOKE),
+        "--results",
+        str(results_dir),
+        "--cache",
+        str(cache),
+        "--no-torch-compile",
+        "--trials",
+        "2",
+        home=tmp_path,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "No model in use" in run.stdout
 
@@ -48,13 +59,25 @@ def test_run_smoke_suite_then_report(tmp_path):
 
 
 def test_eval_one_candidate(tmp_path):
-    run = kforge("eval", str(SMOKE / "1_relu.py"), str(ROOT / "kernels_ref/cpu/1_relu.py"),
-                 "--cache", str(tmp_path / "cache"), home=tmp_path)
+    run = kforge(
+        "eval",
+        str(SMOKE / "1_relu.py"),
+        str(ROOT / "kernels_ref/cpu/1_relu.py"),
+        "--cache",
+        str(tmp_path / "cache"),
+        home=tmp_path,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "outcome: correct" in run.stdout and "speedup vs eager" in run.stdout
 
-    draft = kforge("eval", str(SMOKE / "1_softmax.py"), str(ROOT / "kernels_ref/cpu/drafts/1_softmax.0.py"),
-                   "--cache", str(tmp_path / "cache"), home=tmp_path)
+    draft = kforge(
+        "eval",
+        str(SMOKE / "1_softmax.py"),
+        str(ROOT / "kernels_ref/cpu/drafts/1_softmax.0.py"),
+        "--cache",
+        str(tmp_path / "cache"),
+        home=tmp_path,
+    )
     assert draft.returncode == 1 and "outcome: numerical_mismatch" in draft.stdout
     assert "max abs err" in draft.stdout
 
