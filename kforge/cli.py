@@ -208,7 +208,7 @@ def report(
     table = results_lib.report_table(attempts, by=tuple(by.split(",")), baseline=baseline)
     typer.echo(f"{len(attempts)} attempts, {attempts['run_id'].nunique()} run(s), speedup vs {baseline}")
     with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
-        typer.echo(table.to_string())
+        typer.echo(table.to_string(index=False))
 
 
 def main() -> None:

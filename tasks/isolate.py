@@ -23,19 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from kforge.config import RunConfig
+from kforge.results import OUTCOMES
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LOG_TAIL_CHARS = 4000
-OUTCOMES = (
-    "generation_failed",
-    "compile_error",
-    "runtime_error",
-    "timeout",
-    "shape_mismatch",
-    "numerical_mismatch",
-    "integrity_violation",
-    "correct",
-)
 # Passed through to the worker; everything else (API keys, cloud credentials) stays behind.
 ENV_ALLOWED = (
     "PATH",
