@@ -11,8 +11,10 @@ from prefect import tags
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterTags
 from prefect.client.schemas.sorting import TaskRunSort
+from prefect.flow_engine import run_flow
+from prefect.states import Scheduled
 
-from flows.suite import SuiteFailed, run_suite
+from flows.suite import run_suite
 from kforge import results
 
 SMOKE = Path(__file__).resolve().parents[2] / "data" / "problems" / "smoke"
@@ -39,23 +41,34 @@ def small_suite(tmp_path):
     return suite
 
 
-def test_rerun_after_failure_replays_finished_stages_from_cache(prefect_server, small_suite, tmp_path, config):
+def retry_flow_run(flow_run_id, parameters):
+    """What the UI's Retry does: set the same flow run back to Scheduled and execute it again."""
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run_id, Scheduled(), force=True)
+        flow_run = client.read_flow_run(flow_run_id)
+    return run_flow(run_suite, flow_run=flow_run, parameters=parameters, return_type="state")
+
+
+def test_retry_after_failure_replays_finished_stages_from_cache(prefect_server, small_suite, tmp_path, config):
     results_dir = tmp_path / "results"
     results_dir.mkdir()
     blocker = results_dir / "attempts"
     blocker.write_text("a file where the attempts dataset should be: every attempt write fails")
     run_config = config.model_copy(update={"suite": str(small_suite), "results_dir": str(results_dir)})
 
-    with tags("first-try"), pytest.raises(SuiteFailed, match="2 problem"):
-        run_suite(run_config)
+    with tags("first-try"):
+        state = run_suite(run_config, return_state=True)
+    assert state.is_failed() and "2 problem(s) failed" in state.message
     first = stage_states("first-try")
     assert first[("compile", "Completed")] == 2  # one candidate per problem reached compile before the failure
     assert first[("record-attempt", "Failed")] == 2
     assert results.load("runs", results_dir)["status"].tolist() == ["failed"]
 
-    blocker.unlink()
+    blocker.unlink()  # the infrastructure is fixed; the user presses Retry on the failed flow run
     with tags("second-try"):
-        summary = run_suite(run_config)
+        retried = retry_flow_run(state.state_details.flow_run_id, {"config": run_config})
+    assert retried.is_completed(), retried.message
+    summary = retried.result()
     second = stage_states("second-try")
     # Everything that finished in the first try is replayed from cache, nothing runs twice; only
     # 1_relu's second candidate (the working kernel, never reached before) is new work.
@@ -68,6 +81,7 @@ def test_rerun_after_failure_replays_finished_stages_from_cache(prefect_server, 
     assert summary["rejected_files"] and "broken.py" in summary["rejected_files"][0]
 
     attempts = results.load("attempts", results_dir)
+    assert set(attempts["run_id"]) == {str(state.state_details.flow_run_id)}  # the same run, continued
     assert sorted(zip(attempts["problem_id"], attempts["iteration"], attempts["outcome"])) == [
         ("1_matmul", 0, "correct"),
         ("1_relu", 0, "compile_error"),
@@ -76,7 +90,15 @@ def test_rerun_after_failure_replays_finished_stages_from_cache(prefect_server, 
     correct = attempts[attempts["outcome"] == "correct"]
     assert (correct["runtime_ms"] > 0).all() and (correct["eager_ms"] > 0).all()
     assert (correct["speedup_eager"] - correct["eager_ms"] / correct["runtime_ms"]).abs().max() < 1e-9
-    assert set(results.load("runs", results_dir)["status"]) == {"failed", "finished"}
+    runs = results.load("runs", results_dir)
+    assert runs["status"].tolist() == ["finished"]  # the run's final row supersedes its failed one
+
+    # A second retry of the finished run writes no row twice: every record is a cache hit.
+    with tags("third-try"):
+        assert retry_flow_run(state.state_details.flow_run_id, {"config": run_config}).is_completed()
+    third = stage_states("third-try")
+    assert third[("record-attempt", "Cached")] == 3 and third[("record-attempt", "Completed")] == 0
+    assert len(results.load("attempts", results_dir)) == 3
 
 
 def test_problem_without_kernel_and_broken_reference(prefect_server, tmp_path, config):
