@@ -71,6 +71,6 @@ def run_suite(config: RunConfig) -> dict[str, Any]:
     if failed_problems:
         raise SuiteFailed(
             f"{len(failed_problems)} problem(s) failed: {', '.join(failed_problems)}; "
-            "rerun the flow run to redo only what failed"
+            f"`kforge retry {run_id}` (or Retry in the Prefect UI) redoes only what failed"
         )
     return summary

@@ -22,7 +22,8 @@ def _fail(message: str) -> None:
 
 
 def _prepare_prefect(cache_dir: str) -> None:
-    """Quiet, local Prefect defaults: an ephemeral server unless PREFECT_API_URL names one."""
+    """Quiet, local Prefect defaults: an ephemeral server unless PREFECT_API_URL names one.
+    Call before importing Prefect, which reads its settings at import."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(Path(cache_dir).resolve() / "prefect-results"))
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
@@ -80,6 +81,48 @@ def run(
     except Exception as exc:  # the flow already recorded every finished attempt
         _fail(f"{type(exc).__name__}: {exc}")
     _print_run(summary)
+
+
+@app.command()
+def retry(
+    run_id: Annotated[str, typer.Argument(help="The run id (Prefect flow run id) of a failed `kforge run`.")],
+    cache: Annotated[str, typer.Option(help="The cache directory the run used (its stage results live there).")] = (
+        "data/cache"
+    ),
+) -> None:
+    """Run a failed run again under the same run id: finished stages replay from cache, only what failed runs."""
+    from uuid import UUID
+
+    from kforge.config import RunConfig
+
+    try:
+        flow_run_id = UUID(run_id)
+    except ValueError:
+        _fail(f"{run_id!r} is not a run id (a UUID, as printed by `kforge run`)")
+    _prepare_prefect(cache)  # before Prefect is imported: it reads its settings at import
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        with get_client(sync_client=True) as client:
+            config = RunConfig(**client.read_flow_run(flow_run_id).parameters["config"])
+    except (ObjectNotFound, KeyError):
+        _fail(
+            f"no kforge run {run_id} in the Prefect database at {os.environ.get('PREFECT_API_URL') or 'PREFECT_HOME'}"
+        )
+    _prepare_prefect(config.cache_dir)
+    from prefect.flow_engine import run_flow
+    from prefect.states import Scheduled
+
+    from flows.suite import run_suite
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run_id, Scheduled(), force=True)
+        flow_run = client.read_flow_run(flow_run_id)
+    state = run_flow(run_suite, flow_run=flow_run, parameters={"config": config}, return_type="state")
+    if not state.is_completed():
+        _fail(state.message or "the retried run failed")
+    _print_run(state.result())
 
 
 def _print_run(summary: dict[str, Any]) -> None:

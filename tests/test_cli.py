@@ -94,3 +94,32 @@ def test_bad_input_is_one_clear_line(tmp_path):
 
     empty = kforge("report", "--results", str(tmp_path / "none"), home=tmp_path)
     assert empty.returncode == 2 and "no attempts recorded" in empty.stderr
+
+
+def test_failed_run_then_kforge_retry(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "1_relu.py").write_text((SMOKE / "1_relu.py").read_text())
+    results_dir, cache = tmp_path / "results", tmp_path / "cache"
+    results_dir.mkdir()
+    (results_dir / "attempts").write_text("not a directory: every attempt write fails")
+    options = ["--results", str(results_dir), "--cache", str(cache)]
+
+    failed = kforge("run", "--suite", str(suite), "--no-torch-compile", *options, home=tmp_path)
+    assert failed.returncode == 2
+    error_lines = [line for line in failed.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error_lines) == 1, failed.stderr[-3000:]
+    error_line = error_lines[0]
+    assert "1 problem(s) failed: 1_relu" in error_line and "kforge retry" in error_line
+    run_id = error_line.split("kforge retry ")[1].split("`")[0]
+
+    (results_dir / "attempts").unlink()
+    retried = kforge("retry", run_id, "--cache", str(cache), home=tmp_path)
+    assert retried.returncode == 0, retried.stdout[-2000:] + retried.stderr[-2000:]
+    attempts = results.load("attempts", results_dir)
+    assert set(attempts["run_id"]) == {run_id}
+    assert attempts.sort_values("iteration")["outcome"].tolist() == ["compile_error", "correct"]
+    assert "Cached" in retried.stdout + retried.stderr  # the finished stages were replayed, not rerun
+
+    unknown = kforge("retry", "00000000-0000-0000-0000-000000000000", home=tmp_path)
+    assert unknown.returncode == 2 and "no kforge run" in unknown.stderr
