@@ -13,16 +13,16 @@ from prefect.runtime import flow_run
 
 from flows.synthesize import synthesize_problem
 from kforge.config import RunConfig
-from tasks.problems import load_suite
+from tasks.problems import Problem, RejectedFile, load_suite
 from tasks.record import host_facts, record_run_task, run_row
 
 
 class SuiteFailed(Exception):
-    """Some problems failed for infrastructure reasons; rerun the flow run to redo only those."""
+    """Some problems failed for infrastructure reasons; retrying the flow run redoes only those."""
 
 
 @task(name="load-suite")
-def load_suite_task(suite: str):
+def load_suite_task(suite: str) -> tuple[list[Problem], list[RejectedFile]]:
     return load_suite(suite)
 
 
@@ -40,6 +40,7 @@ def run_suite(config: RunConfig) -> dict[str, Any]:
         config = config.model_copy(update={"base_seed": seed_from(run_id)})
     started_at, facts = datetime.now(timezone.utc), host_facts()
     problems, rejected = load_suite_task(config.suite)
+    logger.info("run %s: %d problems from %s, backend %s", run_id, len(problems), config.suite, config.backend)
     for rejected_file in rejected:
         logger.warning("skipped %s", rejected_file)
     record_run_task(run_row(run_id, config, "running", started_at, facts), config.results_dir)
