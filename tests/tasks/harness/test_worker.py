@@ -344,3 +344,44 @@ def test_load_inline_build_error_is_a_compile_error(config):
     assert outcome_of(result) == ("compile_error", "load_inline")
     assert "Error building extension 'kforge_test_broken'" in result["error_excerpt"]
     assert "error: expected ';'" in result["error_excerpt"].replace("\u2018", "'").replace("\u2019", "'")
+
+
+# Writes only the positive elements and relies on torch.empty handing out zeroed memory (fresh
+# pages from the OS often are): right by luck, wrong by construction.
+SKIPS_ZEROS = python_candidate(
+    "y = torch.empty_like(x)\nlib.relu_positive_only(x, y, x.numel())\nreturn y",
+    prelude="""
+from kforge.kernels import load_cpp
+
+lib = load_cpp(r\"\"\"
+#include <cstdint>
+extern "C" void relu_positive_only(const float* x, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) if (x[i] > 0.f) y[i] = x[i];
+}
+\"\"\")
+""",
+)
+
+RELU_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(1 << 20)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_unwritten_output_elements_are_poisoned(config):
+    result = evaluate_in_worker("verify", RELU_PROBLEM, SKIPS_ZEROS, config)
+    assert outcome_of(result) == ("numerical_mismatch", "nonfinite"), result
+    assert "non-finite" in result["error_excerpt"]
