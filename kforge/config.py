@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_CACHE = Path(os.environ.get("KFORGE_CACHE", "data/cache"))
 
 
 class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting in prefect.yaml or a config is an error
+
     suite: str = Field("data/problems/smoke", description="Directory of KernelBench-format problem files")
     backend: str = Field("cpu", description="cpu | cuda | triton")
     iterations: int = Field(1, ge=0, description="Refinement iterations after the single-shot attempt")
