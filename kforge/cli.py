@@ -21,6 +21,19 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _config_or_fail(**settings: Any):
+    """A RunConfig, or a one-line error naming the bad setting."""
+    from pydantic import ValidationError
+
+    from kforge.config import RunConfig
+
+    try:
+        return RunConfig(**settings)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        _fail(problems)
+
+
 def _prepare_prefect(cache_dir: str) -> None:
     """Quiet, local Prefect defaults: an ephemeral server unless PREFECT_API_URL names one.
     Call before importing Prefect, which reads its settings at import."""
@@ -50,11 +63,10 @@ def run(
     torch_compile: Annotated[bool, typer.Option(help="Also time the reference under torch.compile.")] = True,
 ) -> None:
     """Run every problem of a suite through generate -> compile -> verify -> time and record the attempts."""
-    from kforge.config import RunConfig
 
     if not Path(suite).expanduser().is_dir():
         _fail(f"problem suite {suite} is not a directory (give --suite a folder of KernelBench-format .py files)")
-    config = RunConfig(
+    config = _config_or_fail(
         suite=str(Path(suite).expanduser()),
         backend=backend,
         iterations=iterations,
@@ -169,7 +181,6 @@ def eval_one(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of lines.")] = False,
 ) -> None:
     """One candidate through the harness (compile, verify, time, baselines), no LLM and no Prefect."""
-    from kforge.config import RunConfig
     from tasks.compile import compile_candidate
     from tasks.measure import speedups, time_baselines, time_candidate
     from tasks.problems import parse_problem
@@ -180,7 +191,7 @@ def eval_one(
         candidate_source = candidate.read_text()
     except (OSError, ValueError) as exc:
         _fail(f"{getattr(exc, 'filename', None) or problem}: {exc}")
-    config = RunConfig(backend=backend, cache_dir=cache, size_preset=size_preset, base_seed=seed)
+    config = _config_or_fail(backend=backend, cache_dir=cache, size_preset=size_preset, base_seed=seed)
     report: dict[str, Any] = {"problem": str(problem), "candidate": str(candidate)}
     for stage, evaluate in (
         ("compile", compile_candidate),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,7 +15,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt setting in prefect.yaml or a config is an error
 
     suite: str = Field("data/problems/smoke", description="Directory of KernelBench-format problem files")
-    backend: str = Field("cpu", description="cpu | cuda | triton")
+    backend: Literal["cpu", "cuda", "triton"] = Field("cpu", description="Kernel backend")
     iterations: int = Field(1, ge=0, description="Refinement iterations after the single-shot attempt")
     agent: str = Field("reference", description="Generation agent; 'reference' is offline (no model)")
     results_dir: str = Field("data/results", description="Where the Parquet datasets are appended")

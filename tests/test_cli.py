@@ -92,6 +92,9 @@ def test_bad_input_is_one_clear_line(tmp_path):
     missing = kforge("run", "--suite", str(tmp_path / "nope"), home=tmp_path)
     assert missing.returncode == 2 and "is not a directory" in missing.stderr
 
+    metal = kforge("run", "--backend", "metal", home=tmp_path)
+    assert metal.returncode == 2 and "backend: Input should be 'cpu', 'cuda' or 'triton'" in metal.stderr
+
     empty = kforge("report", "--results", str(tmp_path / "none"), home=tmp_path)
     assert empty.returncode == 2 and "no attempts recorded" in empty.stderr
 
