@@ -10,7 +10,7 @@ demo: install
 
 test: install
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=10
 
 lint: install
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

@@ -6,7 +6,6 @@ attempt task is cached by its attempt id: rerunning a failed flow run does not w
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import json
 import platform
@@ -138,7 +137,6 @@ def host_facts() -> dict[str, Any]:
                 "nvcc": nvcc.splitlines()[-1] if nvcc else None,
                 "gpu_clocks_at_start": gpu.splitlines()[0] if gpu else None,
                 "fingerprint": toolchain_fingerprint(),
-                "user": getpass.getuser(),
             }
         ),
         "torch_version": metadata.version("torch"),
