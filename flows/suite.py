@@ -55,6 +55,8 @@ def run_suite(config: RunConfig) -> dict[str, Any]:
             outcomes.update(row["outcome"] for row in rows)
             if not rows:
                 broken_problems.append(problem.problem_id)
+            if unreachable := [row for row in rows if row["error_class"] == "endpoint_unavailable"]:
+                failed_problems[problem.problem_id] = unreachable[-1]["error_excerpt"]
         else:
             failed_problems[problem.problem_id] = state.message or "failed"
 

@@ -7,8 +7,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from kforge.config import RunConfig
+from tasks.analyze import analyze_task, failed_analysis, wants_analysis, with_analysis
 from tasks.compile import compile_task
-from tasks.generate import GenerationRequest, generate_task
+from tasks.generate import GenerationRequest, backoff_delays, failed_generation, generate_task
 from tasks.measure import baseline_task, time_task
 from tasks.problems import Problem
 from tasks.record import attempt_row, feedback_from_row, record_attempt_task
@@ -25,15 +26,25 @@ def evaluate_candidate(problem: Problem, candidate_source: str, config: RunConfi
     return stage_results
 
 
+def _model_task(model_task, config: RunConfig):
+    """`model_task` with the run's retry policy for endpoint failures (exponential backoff)."""
+    return model_task.with_options(
+        retries=config.llm.retries, retry_delay_seconds=backoff_delays(config.llm.retries, config.llm.retry_delay_s)
+    )
+
+
 @flow(name="synthesize-problem", flow_run_name="{problem.problem_id}")
 def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list[dict[str, Any]]:
     """All attempts for one problem: the single-shot one, then `config.iterations` refinements."""
     baseline: dict[str, Any] = {}  # measured once the agent has produced a candidate
     rows: list[dict[str, Any]] = []
-    previous_source, feedback = None, None
+    previous_source, feedback, recommendation = None, None, None
     for iteration in range(config.iterations + 1):
-        request = GenerationRequest(problem, config.backend, iteration, previous_source, feedback)
-        reply = generate_task(request, agent=config.agent)
+        request = GenerationRequest(
+            problem, config.backend, iteration, previous_source, feedback, recommendation, config.reference_backend
+        )
+        state = _model_task(generate_task, config)(request, config, run_id, return_state=True)
+        reply = state.result() if state.is_completed() else failed_generation(state.result(False), config)
         stage_results = {}
         if reply.candidate_source:
             baseline = baseline or baseline_task(problem, config)
@@ -47,6 +58,13 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
             stage_results = evaluate_candidate(problem, reply.candidate_source, config)
         parent = rows[-1]["attempt_id"] if rows else None
         row = attempt_row(run_id, problem, config, iteration, reply, stage_results, baseline, parent)
+        recommendation = None
+        if wants_analysis(config, row, iteration):
+            state = _model_task(analyze_task, config)(
+                problem, reply.candidate_source, row, config, run_id, return_state=True
+            )
+            analysis = state.result() if state.is_completed() else failed_analysis(state.result(False))
+            row, recommendation = with_analysis(row, analysis), analysis.recommendation
         rows.append(record_attempt_task(row, config.results_dir))
         previous_source, feedback = reply.candidate_source, feedback_from_row(row)
         if reply.exhausted:

@@ -42,50 +42,132 @@ def _prepare_prefect(cache_dir: str) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
-@app.command()
-def run(
-    suite: Annotated[str, typer.Option(help="Directory of KernelBench-format problem files.")] = "data/problems/smoke",
-    backend: BackendOption = "cpu",
-    iterations: Annotated[int, typer.Option(help="Refinement iterations after the single-shot attempt.")] = 1,
-    agent: Annotated[str, typer.Option(help="Generation agent; 'reference' is offline (no model).")] = "reference",
-    results: Annotated[
-        str, typer.Option(help="Results directory (Parquet datasets are appended here).")
-    ] = "data/results",
-    cache: Annotated[str, typer.Option(help="Cache directory for kernels and stage results.")] = "data/cache",
-    size_preset: Annotated[
-        str | None, typer.Option(help="Problem size preset ('gpu'; default 'gpu' on GPU backends).")
-    ] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="Seed for check and timing inputs (default: from the run id).")
-    ] = None,
-    trials: Annotated[int, typer.Option(help="Correctness trials per candidate, each with fresh inputs.")] = 3,
-    threads: Annotated[int | None, typer.Option(help="CPU threads per worker (default: all cores).")] = None,
-    torch_compile: Annotated[bool, typer.Option(help="Also time the reference under torch.compile.")] = True,
-) -> None:
-    """Run every problem of a suite through generate -> compile -> verify -> time and record the attempts."""
+def _read_config_file(path: Path) -> dict[str, Any]:
+    """Settings from a YAML or JSON file with RunConfig's keys (the `config` of prefect.yaml)."""
+    import yaml
 
-    if not Path(suite).expanduser().is_dir():
-        _fail(f"problem suite {suite} is not a directory (give --suite a folder of KernelBench-format .py files)")
-    config = _config_or_fail(
-        suite=str(Path(suite).expanduser()),
-        backend=backend,
-        iterations=iterations,
-        agent=agent,
-        results_dir=results,
-        cache_dir=cache,
-        size_preset=size_preset,
-        base_seed=seed,
-        correctness_trials=trials,
-        threads=threads,
-        torch_compile_baseline=torch_compile,
-    )
-    if agent == "reference":
+    try:
+        settings = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        _fail(f"{path}: cannot read the config file ({type(exc).__name__}: {str(exc).splitlines()[0]})")
+    if not isinstance(settings, dict):
+        _fail(f"{path}: a config file holds a mapping of RunConfig settings (suite, backend, llm: {{model: ...}})")
+    return settings
+
+
+def _merged_settings(file_settings: dict[str, Any], run_settings: dict[str, Any], llm_settings: dict[str, Any]):
+    """Command-line (and environment) values over the config file's, over the defaults."""
+    merged = {**file_settings, **{k: v for k, v in run_settings.items() if v is not None}}
+    llm = {**(file_settings.get("llm") or {}), **{k: v for k, v in llm_settings.items() if v is not None}}
+    if llm:
+        merged["llm"] = llm
+    return merged
+
+
+def _announce_agent(config) -> None:
+    """Say plainly which agent writes the kernels, and check a model endpoint before the run starts."""
+    if config.agent == "reference":
+        why = (
+            f" ({config.llm.api_key_env} is set, but no --model was given)"
+            if os.environ.get(config.llm.api_key_env)
+            else ""
+        )
         typer.secho(
-            f"No model in use: the offline 'reference' agent proposes the kernels in "
-            f"kernels_ref/{backend}/ (drafts first, then the working kernel).",
+            f"No model in use{why}: the offline 'reference' agent proposes the kernels in "
+            f"kernels_ref/{config.backend}/ (drafts first, then the working kernel).",
             fg=typer.colors.YELLOW,
         )
-    _prepare_prefect(cache)
+        if config.performance_agent:
+            typer.secho("The performance agent needs a model: it is off for this run.", fg=typer.colors.YELLOW)
+        return
+    from tasks.llm import ModelCallError, check_endpoint, endpoint_name
+
+    if not config.llm.model:
+        _fail("--agent llm needs a model: give --model NAME (and --base-url URL for a local endpoint)")
+    try:
+        check_endpoint(config.llm)
+    except ModelCallError as exc:
+        _fail(str(exc))
+    typer.echo(
+        f"Model {config.llm.model} at {endpoint_name(config.llm)}; reply cache "
+        f"{'on' if config.llm.reply_cache else 'off'}; performance agent {'on' if config.performance_agent else 'off'}"
+        + (f"; reference kernels from {config.reference_backend}" if config.reference_backend else "")
+    )
+
+
+Opt = typer.Option
+
+
+@app.command()
+def run(
+    config_file: Annotated[
+        Path | None, Opt("--config", envvar="KFORGE_CONFIG", help="YAML/JSON file of run settings (RunConfig keys).")
+    ] = None,
+    suite: Annotated[str | None, Opt(help="Folder of KernelBench-format problems [data/problems/smoke].")] = None,
+    backend: Annotated[str | None, Opt(help="Kernel backend: cpu | cuda | triton [cpu].")] = None,
+    iterations: Annotated[int | None, Opt(help="Refinement iterations after the single-shot attempt [1].")] = None,
+    agent: Annotated[str | None, Opt(help="llm | reference (offline) [llm when a model is set].")] = None,
+    results: Annotated[str | None, Opt(help="Results directory; Parquet is appended here [data/results].")] = None,
+    cache: Annotated[str | None, Opt(help="Cache directory: kernels, stage results, replies [data/cache].")] = None,
+    size_preset: Annotated[str | None, Opt(help="Problem size preset [gpu on GPU backends].")] = None,
+    seed: Annotated[int | None, Opt(help="Seed for check and timing inputs [from the run id].")] = None,
+    trials: Annotated[int | None, Opt(help="Correctness trials per candidate, each with fresh inputs [3].")] = None,
+    threads: Annotated[int | None, Opt(help="CPU threads per worker [all cores].")] = None,
+    torch_compile: Annotated[bool | None, Opt(help="Also time the reference under torch.compile [on].")] = None,
+    model: Annotated[str | None, Opt(envvar="KFORGE_MODEL", help="Model name; without one, no model is used.")] = None,
+    base_url: Annotated[str | None, Opt(envvar="KFORGE_BASE_URL", help="OpenAI-compatible endpoint [OpenAI].")] = None,
+    api_key_env: Annotated[
+        str | None, Opt(envvar="KFORGE_API_KEY_ENV", help="Variable holding the API key [OPENAI_API_KEY].")
+    ] = None,
+    temperature: Annotated[float | None, Opt(help="Sampling temperature [0.2].")] = None,
+    max_tokens: Annotated[int | None, Opt(help="Most tokens per reply [8192].")] = None,
+    llm_timeout: Annotated[float | None, Opt(help="Seconds per model request [300].")] = None,
+    llm_retries: Annotated[int | None, Opt(help="Retries on 429/5xx/timeouts, with backoff [3].")] = None,
+    reply_cache: Annotated[bool | None, Opt(help="Answer repeated model calls from the reply cache [on].")] = None,
+    reference_backend: Annotated[
+        str | None, Opt(help="Show the agent the working kernel from kernels_ref/<backend>/ [none].")
+    ] = None,
+    performance_agent: Annotated[
+        bool | None, Opt(help="Ask the performance agent for one recommendation per correct kernel [off].")
+    ] = None,
+) -> None:
+    """Run every problem of a suite through generate -> compile -> verify -> time and record the attempts.
+
+    Settings come from the command line, then KFORGE_* variables, then --config, then the defaults."""
+    file_settings = _read_config_file(config_file) if config_file else {}
+    settings = _merged_settings(
+        file_settings,
+        {
+            "suite": str(Path(suite).expanduser()) if suite else None,
+            "backend": backend,
+            "iterations": iterations,
+            "agent": agent,
+            "results_dir": results,
+            "cache_dir": cache,
+            "size_preset": size_preset,
+            "base_seed": seed,
+            "correctness_trials": trials,
+            "threads": threads,
+            "torch_compile_baseline": torch_compile,
+            "reference_backend": reference_backend,
+            "performance_agent": performance_agent,
+        },
+        {
+            "model": model,
+            "base_url": base_url,
+            "api_key_env": api_key_env,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "timeout_s": llm_timeout,
+            "retries": llm_retries,
+            "reply_cache": reply_cache,
+        },
+    )
+    config = _config_or_fail(**settings)
+    if not Path(config.suite).is_dir():
+        _fail(f"problem suite {config.suite} is not a directory (give --suite a folder of KernelBench .py files)")
+    _announce_agent(config)
+    _prepare_prefect(config.cache_dir)
     from flows.suite import run_suite
 
     try:

@@ -6,18 +6,45 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_CACHE = Path(os.environ.get("KFORGE_CACHE", "data/cache"))
+Backend = Literal["cpu", "cuda", "triton"]
+
+
+class ModelSettings(BaseModel):
+    """Which OpenAI-compatible model the agents talk to. The API key itself is never stored: only the
+    name of the environment variable holding it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="Model name; none means the offline reference agent")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key")
+    temperature: float = Field(0.2, ge=0)
+    max_tokens: int = Field(8192, ge=1)
+    timeout_s: float = Field(300.0, gt=0, description="Per request")
+    retries: int = Field(3, ge=0, description="Task retries on 429, 5xx, timeouts and lost connections")
+    retry_delay_s: float = Field(10.0, ge=0, description="First retry delay; doubles each retry")
+    reply_cache: bool = Field(True, description="Answer repeated calls from the on-disk reply cache")
+    usd_per_million_input_tokens: float = Field(0.0, ge=0, description="For the cost_usd estimate")
+    usd_per_million_output_tokens: float = Field(0.0, ge=0, description="For the cost_usd estimate")
 
 
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt setting in prefect.yaml or a config is an error
 
     suite: str = Field("data/problems/smoke", description="Directory of KernelBench-format problem files")
-    backend: Literal["cpu", "cuda", "triton"] = Field("cpu", description="Kernel backend")
+    backend: Backend = Field("cpu", description="Kernel backend")
     iterations: int = Field(1, ge=0, description="Refinement iterations after the single-shot attempt")
-    agent: str = Field("reference", description="Generation agent; 'reference' is offline (no model)")
+    agent: Literal["llm", "reference"] | None = Field(
+        None, description="'llm', or 'reference' (offline, no model); default: llm when a model is set"
+    )
+    llm: ModelSettings = Field(default_factory=ModelSettings, description="Model access for the agents")
+    reference_backend: Backend | None = Field(
+        None, description="Show the agent the working kernel from kernels_ref/<this backend>/ (cross-platform)"
+    )
+    performance_agent: bool = Field(False, description="After each correct kernel, ask agent G for one optimization")
     results_dir: str = Field("data/results", description="Where the Parquet datasets are appended")
     cache_dir: str = Field(str(DEFAULT_CACHE), description="Compiled kernels and inductor cache")
     size_preset: str | None = Field(None, description="Problem SIZE_PRESETS entry; default 'gpu' on GPU backends")
@@ -33,6 +60,12 @@ class RunConfig(BaseModel):
     run_timeout_s: float = Field(120.0, gt=0, description="Wall-time limit of a verify or timing worker")
     memory_limit_mb: int | None = Field(8192, description="Address-space limit per worker (CPU backend)")
     allow_library_calls: bool = Field(False, description="Allow candidates to call the reference's torch ops")
+
+    @model_validator(mode="after")
+    def _resolve_agent(self) -> RunConfig:
+        if self.agent is None:
+            self.agent = "llm" if self.llm.model else "reference"
+        return self
 
     def effective_size_preset(self) -> str | None:
         if self.size_preset:

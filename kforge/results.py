@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 OUTCOMES = (
     "generation_failed",
@@ -60,6 +60,11 @@ ATTEMPTS_SCHEMA = _schema(
         ("model", pa.string()),
         ("agent", pa.string()),
         ("agent_config", pa.string()),
+        ("max_iterations", pa.int32()),
+        ("reference_backend", pa.string()),
+        ("performance_agent", pa.bool_()),
+        ("prompt_hash", pa.string()),
+        ("reply_cached", pa.bool_()),
         ("iteration", pa.int32()),
         ("rollout", pa.int32()),
         ("parent_attempt", pa.string()),
@@ -83,6 +88,10 @@ ATTEMPTS_SCHEMA = _schema(
         ("tokens_in", pa.int64()),
         ("tokens_out", pa.int64()),
         ("cost_usd", pa.float64()),
+        ("recommendation", pa.string()),
+        ("analysis_error", pa.string()),
+        ("analysis_tokens_in", pa.int64()),
+        ("analysis_tokens_out", pa.int64()),
         ("created_at", _UTC_TIMESTAMP),
     ],
 )
@@ -111,7 +120,7 @@ RUNS_SCHEMA = _schema(
 SCHEMAS = {"attempts": ATTEMPTS_SCHEMA, "runs": RUNS_SCHEMA}
 
 # Columns holding JSON text; dicts and lists given for them are serialised on write.
-_JSON_COLUMNS = {"agent_config", "config", "toolchain", "summary"}
+_JSON_COLUMNS = {"agent_config", "config", "toolchain", "summary", "recommendation"}
 
 _PARTITIONING = ds.partitioning(pa.schema([("date", pa.string())]), flavor="hive")
 
@@ -236,7 +245,8 @@ def load(table: str = "attempts", results_dir: str | Path = "data/results") -> p
     """Read every visible file of ``table`` into a DataFrame with the schema's columns plus ``date``.
 
     Integer and bool columns use pandas' nullable dtypes. For ``runs`` only the latest row per run_id
-    is kept (a 'finished' or 'failed' row replaces the 'running' row). An absent table gives an empty frame.
+    is kept (a 'finished' or 'failed' row replaces the 'running' row); for ``attempts`` the newest row
+    per attempt_id (a retried run that redid an attempt wrote a second one). An absent table gives an empty frame.
     """
     schema = _schema_for(table)
     table_dir = Path(results_dir) / table
@@ -253,7 +263,9 @@ def load(table: str = "attempts", results_dir: str | Path = "data/results") -> p
     frame = dataset.to_table().to_pandas(types_mapper=_PANDAS_TYPES.get)
     if table == "runs":
         return _latest_run_rows(frame)
-    return frame.sort_values("created_at", kind="stable", na_position="first").reset_index(drop=True)
+    frame = frame.sort_values("created_at", kind="stable", na_position="first")
+    # A retried run that redid an attempt (say the model endpoint was down the first time) wrote a newer row.
+    return frame.drop_duplicates("attempt_id", keep="last").reset_index(drop=True)
 
 
 def _latest_run_rows(runs: pd.DataFrame) -> pd.DataFrame:

@@ -55,7 +55,11 @@ def attempt_row(
 ) -> dict[str, Any]:
     """The `attempts` row for one candidate from its generation reply and stage results."""
     if reply.candidate_source is None:
-        decisive = {"outcome": "generation_failed", "error_class": "no_code", "error_excerpt": reply.error}
+        decisive = {
+            "outcome": "generation_failed",
+            "error_class": reply.error_class or "no_code",
+            "error_excerpt": reply.error,
+        }
     else:
         decisive = final_stage(stage_results)
     timing = stage_results.get("time", {}) if decisive.get("outcome") == "correct" else {}
@@ -75,6 +79,11 @@ def attempt_row(
         "model": reply.model,
         "agent": config.agent,
         "agent_config": json.dumps(reply.agent_config, sort_keys=True),
+        "max_iterations": config.iterations,
+        "reference_backend": config.reference_backend,
+        "performance_agent": config.performance_agent,
+        "prompt_hash": reply.prompt_hash,
+        "reply_cached": reply.reply_cached,
         "iteration": iteration,
         "rollout": 0,
         "parent_attempt": parent_attempt,
@@ -96,13 +105,25 @@ def attempt_row(
         "tokens_in": reply.tokens_in,
         "tokens_out": reply.tokens_out,
         "cost_usd": reply.cost_usd,
+        "recommendation": None,
+        "analysis_error": None,
+        "analysis_tokens_in": 0,
+        "analysis_tokens_out": 0,
         "created_at": datetime.now(timezone.utc),
     }
 
 
+def _record_key(_context: Any, parameters: dict[str, Any]) -> str:
+    # The attempt and what it produced: a retried run that redoes an attempt (an endpoint that was
+    # down) writes the new row, which `results.load` prefers; a replayed attempt is not written twice.
+    row = parameters["row"]
+    decided = json.dumps([row["outcome"], row["error_class"], row["source_hash"], row.get("recommendation")])
+    return f"record-{row['attempt_id']}-{hashlib.sha256(decided.encode()).hexdigest()[:16]}"
+
+
 @task(
     name="record-attempt",
-    cache_key_fn=lambda _ctx, params: "record-" + params["row"]["attempt_id"],
+    cache_key_fn=_record_key,
     persist_result=True,
     retries=2,
     retry_delay_seconds=3,
@@ -173,6 +194,7 @@ def record_run_task(row: dict[str, Any], results_dir: str) -> None:
 def feedback_from_row(row: dict[str, Any]) -> dict[str, Any]:
     """What the next generation sees of this attempt."""
     keys = (
+        "iteration",
         "outcome",
         "error_class",
         "error_excerpt",
@@ -180,5 +202,6 @@ def feedback_from_row(row: dict[str, Any]) -> dict[str, Any]:
         "eager_ms",
         "compile_ms",
         "speedup_eager",
+        "speedup_compile",
     )
     return {key: row.get(key) for key in keys}

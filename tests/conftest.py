@@ -40,3 +40,13 @@ def write_source(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A local port nothing listens on (a dead model endpoint)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -147,7 +147,7 @@ def test_attempts_round_trip_through_load_and_read_parquet(tmp_path):
     assert sorted(plain["attempt_id"]) == ["a1", "a2"]
     assert str(plain["created_at"].dtype) == "datetime64[us, UTC]"
     dataset_schema = pq.read_table(tmp_path / "attempts").schema
-    assert dataset_schema.metadata[b"kforge.schema_version"] == b"1"
+    assert dataset_schema.metadata[b"kforge.schema_version"] == str(SCHEMA_VERSION).encode()
     for field in ATTEMPTS_SCHEMA:
         assert dataset_schema.field(field.name).type == field.type
 
@@ -164,7 +164,7 @@ def test_runs_round_trip_through_load_and_read_parquet(tmp_path):
 
     plain = pd.read_parquet(tmp_path / "runs")
     assert sorted(plain.columns) == sorted([*RUNS_SCHEMA.names, "date"])
-    assert pq.read_table(tmp_path / "runs").schema.metadata[b"kforge.schema_version"] == b"1"
+    assert pq.read_table(tmp_path / "runs").schema.metadata[b"kforge.schema_version"] == str(SCHEMA_VERSION).encode()
 
 
 def test_load_of_absent_table_is_empty_with_schema_columns(tmp_path):
@@ -247,13 +247,13 @@ def test_sigkill_mid_append_leaves_only_complete_files(tmp_path):
     rows_per_file = 40
     child_code = textwrap.dedent(
         f"""
-        import os, sys
+        import itertools, os, sys
         from kforge.results import append_rows
-        rows = [
-            {{"attempt_id": f"a{{i}}", "outcome": "correct", "candidate_source": os.urandom(20000).hex()}}
-            for i in range({rows_per_file})
-        ]
-        while True:
+        for batch in itertools.count():
+            rows = [
+                {{"attempt_id": f"a{{batch}}-{{i}}", "outcome": "correct", "candidate_source": os.urandom(20000).hex()}}
+                for i in range({rows_per_file})
+            ]
             append_rows(sys.argv[1], "attempts", rows, run_id="killed")
         """
     )
@@ -486,3 +486,29 @@ def test_metrics_work_on_loaded_results(tmp_path):
     assert table["problems"].sum() == 3
     assert sorted(table["correct"]) == [1, 1]
     assert fast_p(load("attempts", tmp_path), 2) == pytest.approx(1 / 3)
+
+
+def test_a_retried_attempt_supersedes_its_earlier_row(tmp_path):
+    failed = attempt_row(outcome="generation_failed", error_class="endpoint_unavailable", created_at=T0)
+    redone = attempt_row(outcome="correct", created_at=datetime(2025, 3, 14, 13, 0, tzinfo=timezone.utc))
+    append_rows(tmp_path, "attempts", [failed], run_id="r1", run_date=RUN_DATE)
+    append_rows(tmp_path, "attempts", [redone, attempt_row(attempt_id="a2")], run_id="r1", run_date=RUN_DATE)
+    loaded = load("attempts", tmp_path).set_index("attempt_id")
+    assert loaded.loc["a1", "outcome"] == "correct" and len(loaded) == 2
+    assert len(pd.read_parquet(tmp_path / "attempts")) == 3  # nothing is rewritten on disk
+
+
+def test_files_of_an_older_schema_load_with_the_new_columns_empty(tmp_path):
+    old_columns = [f for f in ATTEMPTS_SCHEMA if f.name not in {"prompt_hash", "reply_cached", "recommendation"}]
+    old_schema = pa.schema(old_columns, metadata={"kforge.schema_version": "1"})
+    row = {k: v for k, v in attempt_row(created_at=T0).items() if k in old_schema.names}
+    row["agent_config"] = "{}"
+    partition = tmp_path / "attempts" / "date=2025-03-14"
+    partition.mkdir(parents=True)
+    pq.write_table(
+        pa.Table.from_pylist([{**row, "run_id": "r0", "schema_version": 1}], schema=old_schema),
+        partition / "part-r0-old.parquet",
+    )
+    loaded = load("attempts", tmp_path)
+    assert loaded["outcome"].tolist() == ["correct"] and loaded["schema_version"].tolist() == [1]
+    assert loaded["prompt_hash"].isna().all() and loaded["reply_cached"].isna().all()

@@ -11,8 +11,7 @@ from prefect import tags
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterTags
 from prefect.client.schemas.sorting import TaskRunSort
-from prefect.flow_engine import run_flow
-from prefect.states import Scheduled
+from tests_flows_helpers import retry_flow_run
 
 from flows.suite import run_suite
 from kforge import results
@@ -41,14 +40,6 @@ def small_suite(tmp_path):
     return suite
 
 
-def retry_flow_run(flow_run_id, parameters):
-    """What the UI's Retry does: set the same flow run back to Scheduled and execute it again."""
-    with get_client(sync_client=True) as client:
-        client.set_flow_run_state(flow_run_id, Scheduled(), force=True)
-        flow_run = client.read_flow_run(flow_run_id)
-    return run_flow(run_suite, flow_run=flow_run, parameters=parameters, return_type="state")
-
-
 def test_retry_after_failure_replays_finished_stages_from_cache(prefect_server, small_suite, tmp_path, config):
     results_dir = tmp_path / "results"
     results_dir.mkdir()
@@ -66,7 +57,7 @@ def test_retry_after_failure_replays_finished_stages_from_cache(prefect_server, 
 
     blocker.unlink()  # the infrastructure is fixed; the user presses Retry on the failed flow run
     with tags("second-try"):
-        retried = retry_flow_run(state.state_details.flow_run_id, {"config": run_config})
+        retried = retry_flow_run(run_suite, state.state_details.flow_run_id, {"config": run_config})
     assert retried.is_completed(), retried.message
     summary = retried.result()
     second = stage_states("second-try")
@@ -95,7 +86,7 @@ def test_retry_after_failure_replays_finished_stages_from_cache(prefect_server, 
 
     # A second retry of the finished run writes no row twice: every record is a cache hit.
     with tags("third-try"):
-        assert retry_flow_run(state.state_details.flow_run_id, {"config": run_config}).is_completed()
+        assert retry_flow_run(run_suite, state.state_details.flow_run_id, {"config": run_config}).is_completed()
     third = stage_states("third-try")
     assert third[("record-attempt", "Cached")] == 3 and third[("record-attempt", "Completed")] == 0
     assert len(results.load("attempts", results_dir)) == 3

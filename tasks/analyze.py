@@ -1,0 +1,140 @@
+"""Analysis stage (agent G): one optimization recommendation for a correct kernel.
+
+G reads the kernel, its timings against the baselines and (once profiling exists) a distilled
+profile, and answers with one JSON object {bottleneck, recommendation, expected_effect}. The
+recommendation conditions agent F's next refinement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import task
+
+from kforge.config import RunConfig
+from tasks.generate import retry_on_endpoint
+from tasks.llm import EndpointError, chat, cost_usd
+from tasks.problems import Problem
+from tasks.prompts import PROMPTS_DIR, prompt_hash, render_messages
+
+RECOMMENDATION_KEYS = ("bottleneck", "recommendation", "expected_effect")
+TIMING_KEYS = (
+    "runtime_ms",
+    "runtime_p10_ms",
+    "runtime_p90_ms",
+    "eager_ms",
+    "compile_ms",
+    "speedup_eager",
+    "speedup_compile",
+)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    recommendation: dict[str, str] | None
+    error: str | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    prompt_hash: str | None = None
+
+
+def parse_recommendation(reply_text: str) -> tuple[dict[str, str] | None, str | None]:
+    """The {bottleneck, recommendation, expected_effect} object in a reply, or (None, why not)."""
+    fenced = re.findall(r"```(?:json)?\s*\n(.*?)```", reply_text, flags=re.DOTALL)
+    start, end = reply_text.find("{"), reply_text.rfind("}")
+    candidates = [*fenced, reply_text[start : end + 1] if 0 <= start < end else ""]
+    for text in candidates:
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(parsed, dict) and all(isinstance(parsed.get(k), str) and parsed[k] for k in RECOMMENDATION_KEYS):
+            return {k: parsed[k].strip() for k in RECOMMENDATION_KEYS}, None
+    return None, f"the analysis reply has no JSON object with {', '.join(RECOMMENDATION_KEYS)}"
+
+
+def analysis_messages(problem: Problem, kernel_source: str, backend: str, timings: dict[str, Any], profile: str | None):
+    return render_messages(
+        "analyze",
+        problem_id=problem.problem_id,
+        problem_source=problem.source,
+        backend=backend,
+        kernel_source=kernel_source,
+        timings={key: timings.get(key) for key in TIMING_KEYS},
+        profile=profile,
+    )
+
+
+def analyze_kernel(
+    problem: Problem, kernel_source: str, timings: dict[str, Any], config: RunConfig, profile: str | None = None
+) -> Analysis:
+    """Agent G's recommendation for a correct kernel. Raises EndpointUnavailable (retryable);
+    any other failure is an Analysis without a recommendation, with the reason."""
+    messages = analysis_messages(problem, kernel_source, config.backend, timings, profile)
+    digest = prompt_hash(messages)
+    try:
+        reply = chat(config.llm, messages, config.cache_dir)
+    except EndpointError as exc:
+        return Analysis(None, error=str(exc), prompt_hash=digest)
+    recommendation, error = parse_recommendation(reply.text)
+    return Analysis(
+        recommendation,
+        error=error,
+        tokens_in=reply.tokens_in,
+        tokens_out=reply.tokens_out,
+        cost_usd=0.0 if reply.cached else cost_usd(config.llm, reply.tokens_in, reply.tokens_out),
+        prompt_hash=digest,
+    )
+
+
+def failed_analysis(error: BaseException | None) -> Analysis:
+    """No recommendation: the endpoint stayed unavailable through every retry."""
+    return Analysis(None, error=str(error) if error else "the analyze task failed")
+
+
+def _analysis_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
+    config: RunConfig = parameters["config"]
+    payload = [
+        parameters["problem"].source_hash,
+        parameters["kernel_source"],
+        {key: parameters["timings"].get(key) for key in TIMING_KEYS},
+        config.backend,
+        config.llm.model_dump(include={"model", "temperature", "max_tokens"}),
+        sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in PROMPTS_DIR.glob("*.j2")),
+        parameters["run_id"],
+    ]
+    return "analyze-" + hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@task(name="analyze", cache_key_fn=_analysis_cache_key, persist_result=True, retry_condition_fn=retry_on_endpoint)
+def analyze_task(
+    problem: Problem, kernel_source: str, timings: dict[str, Any], config: RunConfig, run_id: str
+) -> Analysis:
+    return analyze_kernel(problem, kernel_source, timings, config)
+
+
+def wants_analysis(config: RunConfig, row: dict[str, Any], iteration: int) -> bool:
+    """G runs on a correct kernel when a model is configured and another iteration will use its advice."""
+    return (
+        config.performance_agent
+        and config.agent == "llm"
+        and row["outcome"] == "correct"
+        and (iteration < config.iterations)
+    )
+
+
+def with_analysis(row: dict[str, Any], analysis: Analysis) -> dict[str, Any]:
+    """The attempt row with G's recommendation, its tokens and its cost added."""
+    return {
+        **row,
+        "recommendation": json.dumps(analysis.recommendation) if analysis.recommendation else None,
+        "analysis_error": analysis.error,
+        "analysis_tokens_in": analysis.tokens_in,
+        "analysis_tokens_out": analysis.tokens_out,
+        "cost_usd": (row.get("cost_usd") or 0.0) + analysis.cost_usd,
+    }
