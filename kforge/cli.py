@@ -103,32 +103,48 @@ def run(
     config_file: Annotated[
         Path | None, Opt("--config", envvar="KFORGE_CONFIG", help="YAML/JSON file of run settings (RunConfig keys).")
     ] = None,
-    suite: Annotated[str | None, Opt(help="Folder of KernelBench-format problems [data/problems/smoke].")] = None,
-    backend: Annotated[str | None, Opt(help="Kernel backend: cpu | cuda | triton [cpu].")] = None,
-    iterations: Annotated[int | None, Opt(help="Refinement iterations after the single-shot attempt [1].")] = None,
-    agent: Annotated[str | None, Opt(help="llm | reference (offline) [llm when a model is set].")] = None,
-    results: Annotated[str | None, Opt(help="Results directory; Parquet is appended here [data/results].")] = None,
-    cache: Annotated[str | None, Opt(help="Cache directory: kernels, stage results, replies [data/cache].")] = None,
-    size_preset: Annotated[str | None, Opt(help="Problem size preset [gpu on GPU backends].")] = None,
-    seed: Annotated[int | None, Opt(help="Seed for check and timing inputs [from the run id].")] = None,
-    trials: Annotated[int | None, Opt(help="Correctness trials per candidate, each with fresh inputs [3].")] = None,
-    threads: Annotated[int | None, Opt(help="CPU threads per worker [all cores].")] = None,
-    torch_compile: Annotated[bool | None, Opt(help="Also time the reference under torch.compile [on].")] = None,
-    model: Annotated[str | None, Opt(envvar="KFORGE_MODEL", help="Model name; without one, no model is used.")] = None,
-    base_url: Annotated[str | None, Opt(envvar="KFORGE_BASE_URL", help="OpenAI-compatible endpoint [OpenAI].")] = None,
-    api_key_env: Annotated[
-        str | None, Opt(envvar="KFORGE_API_KEY_ENV", help="Variable holding the API key [OPENAI_API_KEY].")
+    suite: Annotated[
+        str | None, Opt(help="Folder of KernelBench-format problems (default: data/problems/smoke).")
     ] = None,
-    temperature: Annotated[float | None, Opt(help="Sampling temperature [0.2].")] = None,
-    max_tokens: Annotated[int | None, Opt(help="Most tokens per reply [8192].")] = None,
-    llm_timeout: Annotated[float | None, Opt(help="Seconds per model request [300].")] = None,
-    llm_retries: Annotated[int | None, Opt(help="Retries on 429/5xx/timeouts, with backoff [3].")] = None,
-    reply_cache: Annotated[bool | None, Opt(help="Answer repeated model calls from the reply cache [on].")] = None,
+    backend: Annotated[str | None, Opt(help="Kernel backend: cpu | cuda | triton (default: cpu).")] = None,
+    iterations: Annotated[
+        int | None, Opt(help="Refinement iterations after the single-shot attempt (default: 1).")
+    ] = None,
+    agent: Annotated[str | None, Opt(help="llm | reference (offline) (default: llm when a model is set).")] = None,
+    results: Annotated[
+        str | None, Opt(help="Results directory; Parquet is appended here (default: data/results).")
+    ] = None,
+    cache: Annotated[
+        str | None, Opt(help="Cache directory: kernels, stage results, replies (default: data/cache).")
+    ] = None,
+    size_preset: Annotated[str | None, Opt(help="Problem size preset (default: gpu on GPU backends).")] = None,
+    seed: Annotated[int | None, Opt(help="Seed for check and timing inputs (default: from the run id).")] = None,
+    trials: Annotated[
+        int | None, Opt(help="Correctness trials per candidate, each with fresh inputs (default: 3).")
+    ] = None,
+    threads: Annotated[int | None, Opt(help="CPU threads per worker (default: all cores).")] = None,
+    torch_compile: Annotated[
+        bool | None, Opt(help="Also time the reference under torch.compile (default: on).")
+    ] = None,
+    model: Annotated[str | None, Opt(envvar="KFORGE_MODEL", help="Model name; without one, no model is used.")] = None,
+    base_url: Annotated[
+        str | None, Opt(envvar="KFORGE_BASE_URL", help="OpenAI-compatible endpoint (default: OpenAI).")
+    ] = None,
+    api_key_env: Annotated[
+        str | None, Opt(envvar="KFORGE_API_KEY_ENV", help="Variable holding the API key (default: OPENAI_API_KEY).")
+    ] = None,
+    temperature: Annotated[float | None, Opt(help="Sampling temperature (default: 0.2).")] = None,
+    max_tokens: Annotated[int | None, Opt(help="Most tokens per reply (default: 8192).")] = None,
+    llm_timeout: Annotated[float | None, Opt(help="Seconds per model request (default: 300).")] = None,
+    llm_retries: Annotated[int | None, Opt(help="Retries on 429/5xx/timeouts, with backoff (default: 3).")] = None,
+    reply_cache: Annotated[
+        bool | None, Opt(help="Answer repeated model calls from the reply cache (default: on).")
+    ] = None,
     reference_backend: Annotated[
-        str | None, Opt(help="Show the agent the working kernel from kernels_ref/<backend>/ [none].")
+        str | None, Opt(help="Show the agent the working kernel from kernels_ref/<backend>/ (default: none).")
     ] = None,
     performance_agent: Annotated[
-        bool | None, Opt(help="Ask the performance agent for one recommendation per correct kernel [off].")
+        bool | None, Opt(help="Ask the performance agent for one recommendation per correct kernel (default: off).")
     ] = None,
 ) -> None:
     """Run every problem of a suite through generate -> compile -> verify -> time and record the attempts.
@@ -175,6 +191,82 @@ def run(
     except Exception as exc:  # the flow already recorded every finished attempt
         _fail(f"{type(exc).__name__}: {exc}")
     _print_run(summary)
+
+
+def _split(values: str | None, convert=str, name: str = "") -> list[Any] | None:
+    if values is None:
+        return None
+    try:
+        return [convert(v.strip()) for v in values.split(",") if v.strip()]
+    except ValueError:
+        _fail(f"--{name} {values!r}: give a comma-separated list")
+
+
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise ValueError(value)
+    return value == "on"
+
+
+@app.command()
+def grid(
+    config_file: Annotated[
+        Path | None, Opt("--config", envvar="KFORGE_CONFIG", help="YAML/JSON file of base settings (RunConfig keys).")
+    ] = None,
+    suite: Annotated[
+        str | None, Opt(help="Folder of KernelBench-format problems (default: data/problems/smoke).")
+    ] = None,
+    backend: Annotated[str | None, Opt(help="Kernel backend: cpu | cuda | triton (default: cpu).")] = None,
+    results: Annotated[str | None, Opt(help="Results directory (default: data/results).")] = None,
+    cache: Annotated[str | None, Opt(help="Cache directory (default: data/cache).")] = None,
+    base_url: Annotated[str | None, Opt(envvar="KFORGE_BASE_URL", help="OpenAI-compatible endpoint.")] = None,
+    api_key_env: Annotated[str | None, Opt(envvar="KFORGE_API_KEY_ENV", help="Variable holding the key.")] = None,
+    models: Annotated[str | None, Opt(help="Comma-separated model names.")] = None,
+    iterations: Annotated[str | None, Opt(help="Comma-separated refinement counts, e.g. 0,5.")] = None,
+    reference_backends: Annotated[
+        str | None, Opt(help="Comma-separated, 'none' for no reference, e.g. none,cpu.")
+    ] = None,
+    performance_agent: Annotated[str | None, Opt(help="off,on (or one of them).")] = None,
+) -> None:
+    """Run the suite once per combination of the given axes (the papers' ablation grid)."""
+    file_settings = _read_config_file(config_file) if config_file else {}
+    settings = _merged_settings(
+        file_settings,
+        {"suite": suite, "backend": backend, "results_dir": results, "cache_dir": cache},
+        {"base_url": base_url, "api_key_env": api_key_env},
+    )
+    base = _config_or_fail(**settings)
+    from kforge.config import grid_configs
+
+    axes = {
+        "models": _split(models, str, "models"),
+        "iterations": _split(iterations, int, "iterations"),
+        "reference_backends": [
+            None if b == "none" else b for b in _split(reference_backends, str, "reference-backends") or []
+        ]
+        or None,
+        "performance_agent": _split(performance_agent, _on_off, "performance-agent"),
+    }
+    try:
+        combinations = grid_configs(base, **axes)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        _fail(str(exc).splitlines()[0] + ": " + " ".join(str(exc).splitlines()[1:3]))
+    typer.echo(f"{len(combinations)} combinations of {base.suite}")
+    for model_settings in {c.llm.model: c for c in combinations}.values():
+        _announce_agent(model_settings)
+    _prepare_prefect(base.cache_dir)
+    from flows.grid import run_grid
+
+    summaries = run_grid(base, **axes)
+    for summary in summaries:
+        if "failed" in summary:
+            typer.echo(f"failed: {summary['failed']}")
+        else:
+            typer.echo(f"run {summary['run_id']}: outcomes {summary['outcomes']}")
+    by = "model,max_iterations,reference_backend,performance_agent"
+    typer.echo(f"compare: kforge report --results {base.results_dir} --by {by}")
+    if any("failed" in summary for summary in summaries):
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import Literal
@@ -77,3 +78,32 @@ class RunConfig(BaseModel):
         offset = {"init": 0, "verify": 1_000, "time": 2_000}[purpose]
         base = (self.base_seed or 0) * 10_007
         return [base + offset + 17 * i + 3 for i in range(count)]
+
+
+def grid_configs(
+    base: RunConfig,
+    models: list[str] | None = None,
+    iterations: list[int] | None = None,
+    reference_backends: list[str | None] | None = None,
+    performance_agent: list[bool] | None = None,
+) -> list[RunConfig]:
+    """One RunConfig per combination of the given axes (an axis left out keeps `base`'s value), in
+    the order models x iterations x reference backends x performance agent."""
+    combinations = itertools.product(
+        models or [base.llm.model],
+        iterations if iterations is not None else [base.iterations],
+        reference_backends or [base.reference_backend],
+        performance_agent or [base.performance_agent],
+    )
+    configs = []
+    for model, iteration_count, reference_backend, with_analysis in combinations:
+        settings = base.model_dump()
+        settings["llm"]["model"] = model
+        settings.update(
+            iterations=iteration_count,
+            reference_backend=reference_backend,
+            performance_agent=with_analysis,
+            agent=base.agent if base.agent != "reference" or not model else None,
+        )
+        configs.append(RunConfig(**settings))
+    return configs

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from llm_server import reply_dir_responder, scripted_openai_server
 
 from kforge import results
 
@@ -13,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "data" / "problems" / "smoke"
 
 
-def kforge(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+def kforge(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        **(env or {}),
+    }
     env.pop("PREFECT_API_URL", None)
     return subprocess.run(
         [sys.executable, "-m", "kforge.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900
@@ -97,6 +103,45 @@ def test_bad_input_is_one_clear_line(tmp_path):
 
     empty = kforge("report", "--results", str(tmp_path / "none"), home=tmp_path)
     assert empty.returncode == 2 and "no attempts recorded" in empty.stderr
+
+
+def test_model_settings_errors_are_one_clear_line_before_anything_runs(tmp_path, unused_port):
+    dead_url = f"http://127.0.0.1:{unused_port}/v1"
+    dead = kforge("run", "--model", "m", "--base-url", dead_url, "--results", str(tmp_path / "r"), home=tmp_path)
+    assert dead.returncode == 2 and dead.stderr.strip().count("\n") == 0
+    assert f"model endpoint {dead_url} unreachable" in dead.stderr
+    assert not (tmp_path / "r").exists()  # nothing started, nothing half-written
+
+    no_key = kforge("run", "--model", "gpt-x", "--api-key-env", "KFORGE_TEST_UNSET_KEY", home=tmp_path)
+    assert no_key.returncode == 2 and "no API key: set KFORGE_TEST_UNSET_KEY" in no_key.stderr
+
+    bad_file = tmp_path / "kforge.yaml"
+    bad_file.write_text("llm:\n  modle: x\n")
+    misspelt = kforge("run", "--config", str(bad_file), home=tmp_path)
+    assert misspelt.returncode == 2 and "llm.modle: Extra inputs are not permitted" in misspelt.stderr
+
+
+@pytest.mark.slow
+def test_run_against_a_local_endpoint_from_a_config_file_and_the_environment(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "1_relu.py").write_text((SMOKE / "1_relu.py").read_text())
+    results_dir = tmp_path / "results"
+    settings = tmp_path / "kforge.yaml"
+    settings.write_text(
+        f"suite: {suite}\nresults_dir: {results_dir}\ncache_dir: {tmp_path / 'cache'}\n"
+        "torch_compile_baseline: false\niterations: 0\nllm:\n  model: local-coder\n  temperature: 0.0\n"
+    )
+    with scripted_openai_server(reply_dir_responder(ROOT / "kernels_ref" / "cpu")) as server:
+        run = kforge("run", "--config", str(settings), home=tmp_path, env={"KFORGE_BASE_URL": server.base_url})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"Model local-coder at {server.base_url}" in run.stdout and "No model in use" not in run.stdout
+    [request] = [r["body"] for r in server.requests if r["body"]]
+    assert request["model"] == "local-coder" and request["temperature"] == 0.0
+    attempts = results.load("attempts", results_dir)
+    row = attempts.iloc[0]
+    assert (len(attempts), row["outcome"], row["model"], row["agent"]) == (1, "correct", "local-coder", "llm")
+    assert row["tokens_in"] > 0 and row["tokens_out"] > 0
 
 
 def test_failed_run_then_kforge_retry(tmp_path):
