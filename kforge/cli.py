@@ -339,6 +339,13 @@ def _print_run(summary: dict[str, Any]) -> None:
             "display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format
         ):
             typer.echo(attempts.sort_values(["problem_id", "iteration"])[columns].to_string(index=False))
+    if not attempts.empty and attempts["tokens_in"].fillna(0).sum() > 0:
+        tokens_in = int(attempts["tokens_in"].fillna(0).sum() + attempts["analysis_tokens_in"].fillna(0).sum())
+        tokens_out = int(attempts["tokens_out"].fillna(0).sum() + attempts["analysis_tokens_out"].fillna(0).sum())
+        typer.echo(
+            f"model tokens: {tokens_in} in, {tokens_out} out; {int(attempts['reply_cached'].fillna(False).sum())} "
+            f"replies from the cache; estimated cost ${attempts['cost_usd'].fillna(0).sum():.4f}"
+        )
     typer.echo(f"\nresults: {summary['results_dir']}/attempts  (kforge report --results {summary['results_dir']})")
 
 

@@ -142,6 +142,7 @@ def test_run_against_a_local_endpoint_from_a_config_file_and_the_environment(tmp
     row = attempts.iloc[0]
     assert (len(attempts), row["outcome"], row["model"], row["agent"]) == (1, "correct", "local-coder", "llm")
     assert row["tokens_in"] > 0 and row["tokens_out"] > 0
+    assert f"model tokens: {row['tokens_in']} in, {row['tokens_out']} out; 0 replies from the cache" in run.stdout
 
 
 def test_failed_run_then_kforge_retry(tmp_path):
