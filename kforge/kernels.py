@@ -1,5 +1,6 @@
-"""The helper API candidate kernels import (``from kforge.kernels import load_cpp``)."""
+"""The helper API candidate kernels import (``from kforge.kernels import load_cpp, load_cuda``)."""
 
 from tasks.harness.cpu import CompileError, load_cpp
+from tasks.harness.cuda import load_cuda
 
-__all__ = ["CompileError", "load_cpp"]
+__all__ = ["CompileError", "load_cpp", "load_cuda"]

@@ -38,6 +38,7 @@ ENV_ALLOWED = (
     "CUDA_HOME",
     "CUDA_PATH",
     "CUDA_VISIBLE_DEVICES",
+    "KFORGE_CUDA_ARCH",
     "CC",
     "CXX",
     "VIRTUAL_ENV",

@@ -60,39 +60,46 @@ def artifact_key(source: str) -> str:
 
 def compile_cpp(source: str) -> Path:
     """Compile `source` to a shared object (or find it in the cache) and return its path."""
-    cache = kernel_cache_dir() / "cpu"
-    cache.mkdir(parents=True, exist_ok=True)
-    target = cache / f"{artifact_key(source)}.so"
+    target = kernel_cache_dir() / "cpu" / f"{artifact_key(source)}.so"
+    return build_cached(source, target, "kernel.cpp", ["g++", *CXX_FLAGS])
+
+
+def build_cached(source: str, target: Path, file_name: str, command: list[str]) -> Path:
+    """Run `command SRC -o OUT` on `source` saved as `file_name`, then move OUT to `target`;
+    an existing `target` is returned as is. Compiler failures raise CompileError with the log."""
     if target.exists():
         return target
-    with tempfile.TemporaryDirectory(dir=cache) as build_dir:
-        src = Path(build_dir) / "kernel.cpp"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as build_dir:
+        src = Path(build_dir) / file_name
         src.write_text(source)
         partial = Path(build_dir) / "kernel.so"
         try:
             proc = subprocess.run(
-                ["g++", *CXX_FLAGS, str(src), "-o", str(partial)],
+                [*command, str(src), "-o", str(partial)],
                 capture_output=True,
                 text=True,
                 timeout=COMPILE_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired as exc:
-            raise CompileError(f"g++ took longer than {COMPILE_TIMEOUT_S} s") from exc
+            raise CompileError(f"{command[0]} took longer than {COMPILE_TIMEOUT_S} s") from exc
         if proc.returncode != 0:
-            raise CompileError(proc.stderr.replace(str(src), "kernel.cpp"))
+            raise CompileError((proc.stderr + proc.stdout).replace(str(src), file_name))
         # rename is atomic: a concurrent worker sees either no file or the whole file
         os.replace(partial, target)
     return target
 
 
-def _to_c(value: object) -> object:
+def to_c_argument(value: object, backend: str = "cpu", tensor_devices: tuple[str, ...] = ("cpu",)) -> object:
+    """ctypes value of one kernel argument: a contiguous tensor on one of `tensor_devices` -> its data
+    pointer, int (or bool) -> int64_t, float -> double; anything else raises TypeError."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        if value.device.type != "cpu":
-            raise TypeError(f"cpu kernel given a tensor on {value.device}")
+        if value.device.type not in tensor_devices:
+            raise TypeError(f"{backend} kernel given a tensor on {value.device}")
         if not value.is_contiguous():
-            raise TypeError("cpu kernel given a non-contiguous tensor; call .contiguous() first")
+            raise TypeError(f"{backend} kernel given a non-contiguous tensor; call .contiguous() first")
         return ctypes.c_void_p(value.data_ptr())
     if isinstance(value, bool):
         return ctypes.c_int64(int(value))
@@ -100,7 +107,7 @@ def _to_c(value: object) -> object:
         return ctypes.c_int64(value)
     if isinstance(value, float):
         return ctypes.c_double(value)
-    raise TypeError(f"cpu kernel argument of type {type(value).__name__}; pass tensors, ints or floats")
+    raise TypeError(f"{backend} kernel argument of type {type(value).__name__}; pass tensors, ints or floats")
 
 
 class CppLibrary:
@@ -117,7 +124,7 @@ class CppLibrary:
         c_function.restype = None
 
         def call(*args: object) -> None:
-            c_function(*[_to_c(a) for a in args])
+            c_function(*[to_c_argument(a) for a in args])
 
         call.__name__ = name
         return call

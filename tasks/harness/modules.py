@@ -12,8 +12,13 @@ import torch
 BACKEND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "triton": "cuda"}
 
 
-def device_for(backend: str) -> torch.device:
-    return torch.device(BACKEND_DEVICES[backend])
+def device_for(backend: str, compile_only: bool = False) -> torch.device:
+    """The device `backend`'s kernels run on. The compile stage only builds kernels and constructs
+    the models, so on a host without a GPU it gets the CPU: candidates compile on CPU-only hosts."""
+    device = torch.device(BACKEND_DEVICES[backend])
+    if compile_only and device.type == "cuda" and not torch.cuda.is_available():
+        return torch.device("cpu")
+    return device
 
 
 def load_module(source: str, name: str, workdir: Path, size_preset: str | None = None) -> types.ModuleType:

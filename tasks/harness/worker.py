@@ -78,8 +78,8 @@ def _load_candidate(request: dict[str, Any], workdir: Path):
     return candidate
 
 
-def _setup(request: dict[str, Any], workdir: Path, with_candidate: bool):
-    device = modules.device_for(request["backend"])
+def _setup(request: dict[str, Any], workdir: Path, with_candidate: bool, compile_only: bool = False):
+    device = modules.device_for(request["backend"], compile_only)
     problem = modules.load_module(request["problem_source"], "problem", workdir, request.get("size_preset"))
     candidate = _load_candidate(request, workdir) if with_candidate else None
     if candidate is None:
@@ -111,7 +111,7 @@ def _to_host(output: Any) -> Any:
 def run_compile(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """Import the candidate (its module-level compiles run here) and construct ModelNew."""
     start = time.perf_counter()
-    _setup(request, workdir, with_candidate=True)
+    _setup(request, workdir, with_candidate=True, compile_only=True)
     return {"outcome": "correct", "compile_s": time.perf_counter() - start}
 
 
