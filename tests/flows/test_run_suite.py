@@ -1,7 +1,6 @@
 """run-suite through a real ephemeral Prefect server: results land in Parquet, and a rerun after a
 mid-run failure replays finished stages from Prefect's cache instead of recomputing them."""
 
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -35,7 +34,8 @@ def small_suite(tmp_path):
     suite = tmp_path / "suite"
     suite.mkdir()
     for name in ("1_relu.py", "1_matmul.py"):  # 1_relu has a compile-error draft first
-        shutil.copy(SMOKE / name, suite / name)
+        # A source of its own: stage results cached by other tests of this session must not count here.
+        (suite / name).write_text((SMOKE / name).read_text() + "\n# tests/flows/test_run_suite.py\n")
     (suite / "broken.py").write_text("class Model:\n    pass\n")  # no get_inputs: rejected, not fatal
     return suite
 
