@@ -61,6 +61,9 @@ class RunConfig(BaseModel):
     run_timeout_s: float = Field(120.0, gt=0, description="Wall-time limit of a verify or timing worker")
     memory_limit_mb: int | None = Field(8192, description="Address-space limit per worker (CPU backend)")
     allow_library_calls: bool = Field(False, description="Allow candidates to call the reference's torch ops")
+    worker_pool: int = Field(
+        0, ge=0, description="Workers started ahead of need (torch imported, CUDA ready); 0: start each on demand"
+    )
 
     @model_validator(mode="after")
     def _resolve_agent(self) -> RunConfig:

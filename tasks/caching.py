@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from tasks.harness.cpu import toolchain_version
@@ -26,6 +27,12 @@ def content_key(stage: str, *parts: Any) -> str:
     """`stage-<sha256>` of the JSON of `parts` plus the toolchain."""
     payload = json.dumps([stage, toolchain_fingerprint(), *parts], sort_keys=True, default=str)
     return f"{stage}-{hashlib.sha256(payload.encode()).hexdigest()}"
+
+
+@functools.lru_cache(maxsize=8)
+def file_digest(path: Path) -> str:
+    """Hash of a rules file whose content decides a stage's result (a changed rule is a new key)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def source_hash(source: str) -> str:

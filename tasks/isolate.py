@@ -11,13 +11,17 @@ worker at all is an infrastructure error.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,52 +114,186 @@ def _outcome_from_exit(returncode: int, log: str, limits: Limits) -> dict[str, A
     }
 
 
-def run_worker(
-    request: dict[str, Any], limits: Limits, kernel_cache: Path, threads: int | None = None
-) -> dict[str, Any]:
-    """Evaluate `request` (see tasks.harness.worker) in a fresh process; return the outcome dict,
-    always with `outcome`, plus `worker_s` (wall time of the whole process)."""
-    kernel_cache.mkdir(parents=True, exist_ok=True)
+@dataclass
+class _Worker:
+    """A started worker process with its own control and working directories."""
+
+    process: subprocess.Popen
+    control: tempfile.TemporaryDirectory
+    work: tempfile.TemporaryDirectory
+    log_file: Any
+
+    @property
+    def control_path(self) -> Path:
+        return Path(self.control.name)
+
+
+def _start_worker(argv: list[str], env: dict[str, str], stdin: int, request_json: str | None = None) -> _Worker:
+    """Start `python -m tasks.harness.worker ARGV` ({control} in ARGV names its control directory),
+    with `request_json` written there first if given."""
     try:
-        control_dir = tempfile.TemporaryDirectory(prefix="kforge-ctl-")
-        work_dir = tempfile.TemporaryDirectory(prefix="kforge-run-")
+        control = tempfile.TemporaryDirectory(prefix="kforge-ctl-")
+        work = tempfile.TemporaryDirectory(prefix="kforge-run-")
+        if request_json is not None:
+            (Path(control.name) / "request.json").write_text(request_json)
+        log_file = open(Path(control.name) / "worker.log", "wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tasks.harness.worker", *[a.replace("{control}", control.name) for a in argv]],
+            cwd=work.name,
+            env=env,
+            stdin=stdin,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     except OSError as exc:
-        raise InfrastructureError(f"cannot create a worker directory: {exc}") from exc
-    with control_dir as control, work_dir as work:
-        request_path, result_path = Path(control) / "request.json", Path(control) / "result.json"
-        log_path = Path(control) / "worker.log"
-        limits_for_worker = {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb}
-        request_path.write_text(json.dumps({**request, "threads": threads, "limits": limits_for_worker}))
+        raise InfrastructureError(f"cannot start the evaluation worker: {exc}") from exc
+    return _Worker(process, control, work, log_file)
+
+
+class WorkerPool:
+    """Workers started ahead of need: torch imported and, on a GPU backend, the CUDA context made,
+    each waiting for exactly one request. Every request still gets a process of its own that exits
+    after it, so a candidate that corrupts its process or its CUDA context takes only itself down.
+
+    Processes are started from one long-lived thread: the workers' parent-death signal fires when
+    the thread that started them ends, and Prefect's task threads come and go. A spare is replaced
+    as soon as it is taken, except after timing stages, whose replacement waits until the timing
+    worker has finished so a starting interpreter does not steal CPU from a measurement.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self._spares: dict[tuple, list[_Worker]] = {}
+        self._lock = threading.Lock()
+        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kforge-worker-starter")
+        atexit.register(self.close)
+
+    def _start_standby(self, env: dict[str, str], warm_device: str) -> _Worker:
+        argv = ["--standby", "{control}", warm_device]
+        return self._starter.submit(_start_worker, argv, env, subprocess.PIPE).result()
+
+    def _refill(self, key: tuple, env: dict[str, str], warm_device: str) -> None:
+        def fill() -> None:
+            with self._lock:
+                missing = self.size - len(self._spares.get(key, []))
+            for _ in range(max(0, missing)):
+                worker = _start_worker(["--standby", "{control}", warm_device], env, subprocess.PIPE)
+                with self._lock:
+                    self._spares.setdefault(key, []).append(worker)
+
+        self._starter.submit(fill)
+
+    def take(self, env: dict[str, str], warm_device: str, refill_now: bool) -> _Worker:
+        """A waiting worker for this environment (started now if none is ready)."""
+        key = (tuple(sorted(env.items())), warm_device)
+        with self._lock:
+            ready = self._spares.get(key, [])
+            worker = ready.pop(0) if ready else None
+        if worker is None or worker.process.poll() is not None:
+            worker = self._start_standby(env, warm_device)
+        if refill_now:
+            self._refill(key, env, warm_device)
+        return worker
+
+    def refill(self, env: dict[str, str], warm_device: str) -> None:
+        self._refill((tuple(sorted(env.items())), warm_device), env, warm_device)
+
+    def close(self) -> None:
+        with self._lock:
+            spares = [w for workers in self._spares.values() for w in workers]
+            self._spares.clear()
+        for worker in spares:
+            _kill_session(worker.process)
+            worker.log_file.close()
+            worker.control.cleanup()
+            worker.work.cleanup()
+
+
+_pools: dict[int, WorkerPool] = {}
+
+
+def worker_pool(size: int) -> WorkerPool | None:
+    """The process-wide pool of `size` spares (None for size 0: start each worker on demand)."""
+    if size <= 0:
+        return None
+    with _pool_lock:
+        return _pools.setdefault(size, WorkerPool(size))
+
+
+_pool_lock = threading.Lock()
+TIMING_MODES = ("time", "baseline")
+GPU_MODES = ("verify", "time", "baseline")
+# One GPU stage at a time per process (this host's GPU): compiles of other candidates run beside
+# it on the CPU cores, but two candidates never share the GPU while one of them is measured.
+_gpu_slot = threading.Lock()
+
+
+def _device_slot(request: dict[str, Any]):
+    on_gpu = request.get("backend") in ("cuda", "triton") and request.get("mode") in GPU_MODES
+    return _gpu_slot if on_gpu else contextlib.nullcontext()
+
+
+def run_worker(
+    request: dict[str, Any],
+    limits: Limits,
+    kernel_cache: Path,
+    threads: int | None = None,
+    pool: WorkerPool | None = None,
+) -> dict[str, Any]:
+    """Evaluate `request` (see tasks.harness.worker) in a process of its own, started now or taken
+    from `pool`; return the outcome dict, always with `outcome`, plus `worker_s` (wall time from
+    the request to the worker's exit)."""
+    kernel_cache.mkdir(parents=True, exist_ok=True)
+    env = _worker_env(kernel_cache, threads)
+    warm_device = "cuda" if request.get("backend") in ("cuda", "triton") else "cpu"
+    timing = request.get("mode") in TIMING_MODES
+    limits_for_worker = {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb}
+    request_json = json.dumps({**request, "threads": threads, "limits": limits_for_worker})
+    with _device_slot(request):
         start = time.perf_counter()
-        try:
-            with open(log_path, "wb") as log_file:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "tasks.harness.worker", str(request_path), str(result_path)],
-                    cwd=work,
-                    env=_worker_env(kernel_cache, threads),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-        except OSError as exc:
-            raise InfrastructureError(f"cannot start the evaluation worker: {exc}") from exc
-        try:
-            returncode = process.wait(timeout=limits.wall_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        _kill_session(process)
-        worker_s = time.perf_counter() - start
-        log = _log_tail(log_path)
-        if timed_out:
-            result = {
-                "outcome": "timeout",
-                "error_class": "wall_time_limit",
-                "error_excerpt": f"no result after {limits.wall_s:g} s\n{log}",
-            }
+        if pool is not None:
+            worker = pool.take(env, warm_device, refill_now=not timing)
+            (worker.control_path / "request.json").write_text(request_json)
         else:
-            result = _read_result(result_path) or _outcome_from_exit(returncode, log, limits)
+            argv = ["{control}/request.json", "{control}/result.json"]
+            worker = _start_worker(argv, env, subprocess.DEVNULL, request_json)
+        try:
+            result = _run_request(worker, limits, start, waiting=pool is not None)
+        finally:
+            worker.control.cleanup()
+            worker.work.cleanup()
+    if pool is not None and timing:
+        pool.refill(env, warm_device)
+    return result
+
+
+def _run_request(worker: _Worker, limits: Limits, start: float, waiting: bool) -> dict[str, Any]:
+    """Let the worker go (a waiting one reads its request on "go"), wait for it, read its result."""
+    result_path = worker.control_path / "result.json"
+    if waiting:
+        try:
+            worker.process.stdin.write(b"go\n")
+            worker.process.stdin.close()
+        except OSError:
+            pass  # it died while waiting: read as a failure below
+    try:
+        returncode = worker.process.wait(timeout=limits.wall_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    _kill_session(worker.process)
+    worker_s = time.perf_counter() - start
+    worker.log_file.close()
+    log = _log_tail(worker.control_path / "worker.log")
+    if timed_out:
+        result = {
+            "outcome": "timeout",
+            "error_class": "wall_time_limit",
+            "error_excerpt": f"no result after {limits.wall_s:g} s\n{log}",
+        }
+    else:
+        result = _read_result(result_path) or _outcome_from_exit(returncode, log, limits)
     result["worker_s"] = worker_s
     return result
 
@@ -195,4 +333,5 @@ def evaluate_in_worker(
     wall_s = config.compile_timeout_s if mode in ("compile", "baseline") else config.run_timeout_s
     memory_mb = config.memory_limit_mb if config.backend == "cpu" else None
     limits = Limits(wall_s=wall_s, cpu_s=int(wall_s * 4) + 10, memory_mb=memory_mb)
-    return run_worker(request, limits, Path(config.cache_dir) / "kernels", config.threads)
+    pool = worker_pool(config.worker_pool)
+    return run_worker(request, limits, Path(config.cache_dir) / "kernels", config.threads, pool)

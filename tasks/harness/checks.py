@@ -42,6 +42,9 @@ def compare_outputs(reference: Any, candidate: Any) -> tuple[Mismatch | None, fl
     """
     expected_list, actual_list = as_tensor_list(reference), as_tensor_list(candidate)
     atol, rtol = tolerance_for(expected_list[0].dtype) if expected_list else (0.0, 0.0)
+    if isinstance(reference, (tuple, list)) != isinstance(candidate, (tuple, list)):
+        report = f"expected {type(reference).__name__} output, got {type(candidate).__name__}"
+        return Mismatch("shape_mismatch", "output_structure", report), atol, rtol
     if len(expected_list) != len(actual_list):
         report = f"expected {len(expected_list)} outputs, got {len(actual_list)}"
         return Mismatch("shape_mismatch", "output_count", report), atol, rtol

@@ -44,9 +44,12 @@ def to_device(values: list[Any], device: torch.device) -> list[Any]:
 
 
 def make_inputs(problem: types.ModuleType, seed: int, device: torch.device) -> list[Any]:
-    """The problem's inputs drawn from `seed`, on `device`."""
+    """The problem's inputs drawn from `seed`, made on `device` (a GPU fills 16M random floats in
+    well under a millisecond; the CPU takes a tenth of a second), and moved there if made elsewhere."""
     torch.manual_seed(seed)
-    return to_device(list(problem.get_inputs()), device)
+    with device:
+        inputs = list(problem.get_inputs())
+    return to_device(inputs, device)
 
 
 def build_models(

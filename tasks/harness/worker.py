@@ -103,9 +103,13 @@ def _check_output_tensors(output: Any, device: torch.device) -> None:
 
 
 def _to_host(output: Any) -> Any:
+    return _to(output, torch.device("cpu"))
+
+
+def _to(output: Any, device: torch.device) -> Any:
     if isinstance(output, (tuple, list)):
-        return [o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in output]
-    return output.detach().cpu() if isinstance(output, torch.Tensor) else output
+        return [o.detach().to(device) if isinstance(o, torch.Tensor) else o for o in output]
+    return output.detach().to(device) if isinstance(output, torch.Tensor) else output
 
 
 def run_compile(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
@@ -152,10 +156,12 @@ def run_verify(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
                 modules.synchronize(device)
             _check_inputs_unchanged(inputs_before, inputs)
             _check_output_tensors(output, device)
-            mismatch, atol, rtol = compare_outputs(expected, _to_host(output))
+            # The candidate has finished: the reference comes back to the device for the comparison.
+            expected = _to(expected, device)
+            mismatch, atol, rtol = compare_outputs(expected, output)
             if mismatch:
                 raise Outcome(mismatch.outcome, mismatch.error_class, mismatch.report)
-            trial_stats = first_error_stats(expected, _to_host(output))
+            trial_stats = first_error_stats(expected, output)
             stats = {key: max(stats[key], trial_stats[key]) for key in stats}
     return {"outcome": "correct", "trials": len(trial_inputs), "atol": atol, "rtol": rtol, **stats}
 
@@ -180,7 +186,8 @@ def run_time(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     config = TimingConfig(**request.get("timing", {}))
     timing = _run_candidate_code("timing", time_callable, model_new, input_sets, device, config)
     _check_output_tensors(timing.last_output, device)
-    mismatch, _, _ = compare_outputs(expected_outputs[timing.last_input_index], _to_host(timing.last_output))
+    expected = _to(expected_outputs[timing.last_input_index], device)
+    mismatch, _, _ = compare_outputs(expected, timing.last_output)
     if mismatch:
         excerpt = f"the output of the last timed call is wrong: {mismatch.report}"
         raise Outcome("integrity_violation", "last_timed_output", excerpt)
@@ -257,9 +264,26 @@ def die_with_parent() -> None:
         pass
 
 
+def wait_for_request(control_dir: Path, warm_device: str) -> tuple[Path, Path] | None:
+    """Standby: make the CUDA context now, while nobody waits, then block until the orchestrator
+    writes a request into `control_dir` and says go (a line on stdin). None: closed unused."""
+    if warm_device == "cuda" and torch.cuda.is_available():
+        torch.empty(1, device="cuda")
+        torch.cuda.synchronize()
+    if not sys.stdin.readline():
+        return None
+    return control_dir / "request.json", control_dir / "result.json"
+
+
 def main(argv: list[str]) -> int:
     die_with_parent()
-    request_path, result_path = Path(argv[1]), Path(argv[2])
+    if argv[1] == "--standby":
+        paths = wait_for_request(Path(argv[2]), argv[3])
+        if paths is None:
+            os._exit(0)
+        request_path, result_path = paths
+    else:
+        request_path, result_path = Path(argv[1]), Path(argv[2])
     request = json.loads(request_path.read_text())
     apply_limits(request.get("limits", {}))
     result = evaluate(request, Path.cwd())

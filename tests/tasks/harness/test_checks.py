@@ -98,7 +98,7 @@ def test_tuple_outputs_are_compared_element_by_element():
 def test_output_count_mismatch():
     values = reference_values()
 
-    mismatch, _, _ = compare_outputs((values, values), values.clone())
+    mismatch, _, _ = compare_outputs((values, values), (values.clone(),))
 
     assert (mismatch.outcome, mismatch.error_class, mismatch.report) == (
         "shape_mismatch",
@@ -141,3 +141,15 @@ def test_integer_outputs_must_be_exact():
 
     assert (mismatch.outcome, mismatch.error_class) == ("numerical_mismatch", "values")
     assert mismatch.report == "output 0: 1 of 100 elements differ; first at [[42]]"
+
+
+def test_a_list_is_not_a_tensor_and_a_tensor_is_not_a_tuple():
+    values = reference_values()
+    as_list, _, _ = compare_outputs(values, [values.clone()])
+    assert (as_list.outcome, as_list.error_class, as_list.report) == (
+        "shape_mismatch",
+        "output_structure",
+        "expected Tensor output, got list",
+    )
+    as_tensor, _, _ = compare_outputs((values,), values.clone())
+    assert (as_tensor.outcome, as_tensor.error_class) == ("shape_mismatch", "output_structure")

@@ -1,0 +1,44 @@
+"""Workers started ahead of need (`worker_pool`): still one process per request, so what a candidate
+does to its process (a crash, a patched torch, a hang) never reaches the next request."""
+
+import textwrap
+from pathlib import Path
+
+from tasks.isolate import evaluate_in_worker, worker_pool
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEM = (ROOT / "data" / "problems" / "smoke" / "1_relu.py").read_text()
+HONEST = (ROOT / "kernels_ref" / "cpu" / "1_relu.py").read_text()
+# Patches the op the reference uses, then crashes: in a reused process the next reference would be wrong.
+POISONER = textwrap.dedent(
+    """
+    import os, signal, torch
+    import torch.nn as nn
+
+    torch.relu = lambda x: x * 0
+
+    class ModelNew(nn.Module):
+        def forward(self, x):
+            os.kill(os.getpid(), signal.SIGSEGV)
+    """
+)
+HANG = (
+    "import torch.nn as nn\n\n"
+    "class ModelNew(nn.Module):\n    def forward(self, x):\n        while True:\n            pass\n"
+)
+
+
+def test_pooled_workers_isolate_each_request(config):
+    pooled = config.model_copy(update={"worker_pool": 1, "run_timeout_s": 20})
+    assert worker_pool(1) is worker_pool(1) and worker_pool(0) is None
+
+    crashed = evaluate_in_worker("verify", PROBLEM, POISONER, pooled)
+    assert (crashed["outcome"], crashed["error_class"]) == ("runtime_error", "SIGSEGV")
+
+    honest = evaluate_in_worker("verify", PROBLEM, HONEST, pooled)
+    assert honest["outcome"] == "correct", honest  # a fresh process: torch.relu is torch's again
+
+    hung = evaluate_in_worker("verify", PROBLEM, HANG, pooled)
+    assert (hung["outcome"], hung["error_class"]) == ("timeout", "wall_time_limit")
+    timed = evaluate_in_worker("time", PROBLEM, HONEST, pooled)
+    assert timed["outcome"] == "correct" and timed["runtime_ms"] > 0
