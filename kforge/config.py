@@ -61,8 +61,11 @@ class RunConfig(BaseModel):
     run_timeout_s: float = Field(120.0, gt=0, description="Wall-time limit of a verify or timing worker")
     memory_limit_mb: int | None = Field(8192, description="Address-space limit per worker (CPU backend)")
     allow_library_calls: bool = Field(False, description="Allow candidates to call the reference's torch ops")
-    worker_pool: int = Field(
-        0, ge=0, description="Workers started ahead of need (torch imported, CUDA ready); 0: start each on demand"
+    worker_pool: int | None = Field(
+        None,
+        ge=0,
+        description="Workers started ahead of need (torch imported, CUDA ready); 0: start each on demand; "
+        "default 2 on GPU backends, 0 on cpu (a starting interpreter would share the cores with CPU timing)",
     )
 
     @model_validator(mode="after")
@@ -75,6 +78,11 @@ class RunConfig(BaseModel):
         if self.size_preset:
             return None if self.size_preset == "default" else self.size_preset
         return "gpu" if self.backend in ("cuda", "triton") else None
+
+    def effective_worker_pool(self) -> int:
+        if self.worker_pool is not None:
+            return self.worker_pool
+        return 2 if self.backend in ("cuda", "triton") else 0
 
     def seeds(self, purpose: str, count: int) -> list[int]:
         """Distinct seeds per purpose ('verify', 'time'), never the ones a problem file uses itself."""

@@ -333,5 +333,5 @@ def evaluate_in_worker(
     wall_s = config.compile_timeout_s if mode in ("compile", "baseline") else config.run_timeout_s
     memory_mb = config.memory_limit_mb if config.backend == "cpu" else None
     limits = Limits(wall_s=wall_s, cpu_s=int(wall_s * 4) + 10, memory_mb=memory_mb)
-    pool = worker_pool(config.worker_pool)
+    pool = worker_pool(config.effective_worker_pool())
     return run_worker(request, limits, Path(config.cache_dir) / "kernels", config.threads, pool)

@@ -1,9 +1,18 @@
 """The timing protocol, written once for the candidate and both baselines.
 
-Warm up, then time each run alone: flush the last-level cache, synchronize the whole device,
-start the clock, run, synchronize the whole device, stop the clock. Inputs rotate over several
-sets drawn from seeds the candidate never saw. On CUDA the clock is a pair of events; elsewhere
-`time.perf_counter`. Reported: median, p10 and p90 in milliseconds, and the number of runs.
+Warm up, then time each run alone: synchronize the whole device, flush the last-level cache,
+start the clock, run, stop the clock. Inputs rotate over several sets drawn from seeds the
+candidate never saw. Reported: median, p10 and p90 in milliseconds, and the number of runs.
+
+On CUDA the clock is a pair of events on the current stream. Between the flush and the start
+event the GPU spins for a fixed number of cycles, so it is still busy while the host launches the
+run: the window holds the GPU's work, not the host's launch latency (without the spin, about
+50 us of host time sat inside every window, 30 % run-to-run spread for a 50 us kernel).
+Work on a side stream would escape those events (INTEGRITY.md row 2), so each run also records a
+third event after a device-wide synchronize: `sync_gap_ms`, the median of (synchronized end -
+stream end) less the same gap measured on an empty call (the host's own latency), is about zero
+for an honest kernel and the side stream's work for one that hides it.
+Elsewhere the clock is `time.perf_counter` around run + synchronize.
 """
 
 from __future__ import annotations
@@ -20,6 +29,10 @@ from tasks.harness.modules import synchronize
 
 # Bigger than the last-level cache of the CPUs and GPUs we run on (H100 L2 is 50 MB).
 FLUSH_BYTES = 64 * 1024 * 1024
+# GPU cycles spun before the start event: about 150 us at H100 clocks, longer than the host needs
+# to launch even a Python-heavy forward of a few ops, so the GPU never idles inside the window.
+LAUNCH_COVER_CYCLES = 300_000
+SIDE_STREAM_MIN_GAP_MS = 0.03
 
 
 @dataclass
@@ -38,6 +51,7 @@ class Timing:
     runs: int
     last_output: Any
     last_input_index: int
+    sync_gap_ms: float = 0.0  # CUDA: device-wide end minus stream end (median); see the module docstring
 
 
 def _percentile(sorted_values: list[float], fraction: float) -> float:
@@ -57,16 +71,25 @@ def time_callable(
         for run in range(config.warmup_runs):
             output = fn(*input_sets[run % len(input_sets)])
         synchronize(device)
+        # The host's own latency between a finished stream and a device-wide synchronize, measured
+        # the same way on an empty call, is taken off each run's gap (20 to 70 us on an H100 host).
+        idle_gap_ms = _idle_gap_ms() if device.type == "cuda" else 0.0
         times_ms: list[float] = []
+        gaps_ms: list[float] = []
         spent_s = 0.0
         index = 0
         for run in range(config.max_runs):
             if run >= config.min_runs and spent_s >= config.budget_s:
                 break
             index = run % len(input_sets)
-            flush_buffer.fill_(float(run))
             output = None  # free the previous output before the next run allocates its own
-            elapsed_ms, output = _time_one(fn, input_sets[index], device)
+            synchronize(device)
+            flush_buffer.fill_(float(run))
+            if device.type == "cuda":
+                elapsed_ms, gap_ms, output = _time_one_cuda(fn, input_sets[index])
+                gaps_ms.append(gap_ms)
+            else:
+                elapsed_ms, output = _time_one_host(fn, input_sets[index], device)
             times_ms.append(elapsed_ms)
             spent_s += elapsed_ms / 1000
     times_ms.sort()
@@ -77,19 +100,38 @@ def time_callable(
         runs=len(times_ms),
         last_output=output,
         last_input_index=index,
+        sync_gap_ms=max(0.0, statistics.median(gaps_ms) - idle_gap_ms) if gaps_ms else 0.0,
     )
 
 
-def _time_one(fn: Callable[..., Any], inputs: list[Any], device: torch.device) -> tuple[float, Any]:
-    synchronize(device)
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        output = fn(*inputs)
-        torch.cuda.synchronize()  # whole device, so work on side streams is inside the window
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end), output
+def hidden_work_ms(timing: Timing) -> float | None:
+    """The work a candidate seems to hide on side streams: `sync_gap_ms` (host latency already taken
+    off) when it exceeds both 30 us and half the measured runtime."""
+    gap = timing.sync_gap_ms
+    return gap if gap > max(SIDE_STREAM_MIN_GAP_MS, 0.5 * timing.median_ms) else None
+
+
+def _idle_gap_ms(samples: int = 7) -> float:
+    gaps = []
+    for _ in range(samples):
+        torch.cuda.synchronize()
+        gaps.append(_time_one_cuda(lambda: None, [])[1])
+    return statistics.median(gaps)
+
+
+def _time_one_cuda(fn: Callable[..., Any], inputs: list[Any]) -> tuple[float, float, Any]:
+    start, end, synchronized_end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    torch.cuda._sleep(LAUNCH_COVER_CYCLES)
+    start.record()
+    output = fn(*inputs)
+    end.record()
+    torch.cuda.synchronize()  # whole device, side streams included
+    synchronized_end.record()
+    synchronized_end.synchronize()
+    return start.elapsed_time(end), end.elapsed_time(synchronized_end), output
+
+
+def _time_one_host(fn: Callable[..., Any], inputs: list[Any], device: torch.device) -> tuple[float, Any]:
     start_s = time.perf_counter()
     output = fn(*inputs)
     synchronize(device)

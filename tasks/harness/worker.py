@@ -28,7 +28,7 @@ import torch
 from tasks.harness import modules
 from tasks.harness.checks import compare_outputs, first_error_stats
 from tasks.harness.cpu import CompileError
-from tasks.harness.timing import TimingConfig, time_callable
+from tasks.harness.timing import TimingConfig, hidden_work_ms, time_callable
 
 EXCERPT_CHARS = 4000
 
@@ -125,13 +125,14 @@ def poisoned_allocations():
     output element the kernel never writes fails the check instead of passing on lucky contents."""
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    # warn_only: ops without a deterministic implementation still run (with a warning), not raise.
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
+    # The C setters: torch.use_deterministic_algorithms also imports torch._inductor's config, 2 s
+    # per worker. warn_only: ops without a deterministic implementation still run, with a warning.
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    torch._C._set_deterministic_fill_uninitialized_memory(True)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch._C._set_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 def run_verify(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
@@ -185,6 +186,12 @@ def run_time(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     del reference
     config = TimingConfig(**request.get("timing", {}))
     timing = _run_candidate_code("timing", time_callable, model_new, input_sets, device, config)
+    if (hidden_ms := hidden_work_ms(timing)) is not None:
+        excerpt = (
+            f"the device stayed busy {hidden_ms:.3f} ms after the timed stream finished (measured "
+            f"{timing.median_ms:.3f} ms): work on a side stream escapes the timing window"
+        )
+        raise Outcome("integrity_violation", "side_stream", excerpt)
     _check_output_tensors(timing.last_output, device)
     expected = _to(expected_outputs[timing.last_input_index], device)
     mismatch, _, _ = compare_outputs(expected, timing.last_output)
@@ -197,6 +204,7 @@ def run_time(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
         "runtime_p10_ms": timing.p10_ms,
         "runtime_p90_ms": timing.p90_ms,
         "timed_runs": timing.runs,
+        "sync_gap_ms": timing.sync_gap_ms,
     }
 
 

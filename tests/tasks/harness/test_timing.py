@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from tasks.harness.timing import TimingConfig, time_callable
+from tasks.harness.timing import Timing, TimingConfig, hidden_work_ms, time_callable
 from tasks.isolate import evaluate_in_worker
 
 CPU = torch.device("cpu")
@@ -107,3 +107,18 @@ def test_honest_candidate_is_timed_within_the_run_limits(config):
     assert timed["outcome"] == "correct", timed
     assert 0 < timed["runtime_p10_ms"] <= timed["runtime_ms"] <= timed["runtime_p90_ms"]
     assert config.min_timed_runs <= timed["timed_runs"] <= config.max_timed_runs
+
+
+@pytest.mark.parametrize(
+    ("median_ms", "sync_gap_ms", "hidden"),
+    [
+        (0.05, 0.0, None),  # honest: the host latency is already taken off
+        (0.05, 0.02, None),  # within noise
+        (0.005, 0.06, 0.06),  # a 60 us kernel hidden behind a 5 us window
+        (5.0, 2.0, None),  # a long kernel with some host-side tail: under half its runtime
+        (1.0, 4.0, 4.0),  # most of the work after the timed stream finished
+    ],
+)
+def test_work_after_the_timed_stream_counts_as_hidden_only_when_large(median_ms, sync_gap_ms, hidden):
+    timing = Timing(median_ms, median_ms, median_ms, 10, None, 0, sync_gap_ms=sync_gap_ms)
+    assert hidden_work_ms(timing) == hidden
