@@ -323,6 +323,7 @@ def evaluate_in_worker(
         "init_seed": config.seeds("init", 1)[0],
         "seeds": seeds,
         "torch_compile": config.torch_compile_baseline,
+        "allow_library_calls": config.allow_library_calls,
         "timing": {
             "warmup_runs": config.warmup_runs,
             "min_runs": config.min_timed_runs,

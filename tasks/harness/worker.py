@@ -28,6 +28,7 @@ import torch
 from tasks.harness import modules
 from tasks.harness.checks import compare_outputs, first_error_stats
 from tasks.harness.cpu import CompileError
+from tasks.harness.dispatch import library_calls, record_ops
 from tasks.harness.timing import TimingConfig, hidden_work_ms, time_callable
 
 EXCERPT_CHARS = 4000
@@ -142,21 +143,33 @@ def run_verify(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     with torch.no_grad():
         # All reference outputs first, moved off the device, so the candidate cannot find them
         # in memory the reference freed (INTEGRITY.md row 5).
-        for seed in request["seeds"]:
+        for trial, seed in enumerate(request["seeds"]):
             inputs = modules.make_inputs(problem, seed, device)
-            expected_outputs.append(_to_host(reference(*inputs)))
+            if trial == 0:
+                expected, reference_ops = record_ops(reference, *inputs)
+                reference_aliases = _aliases_an_input(expected, inputs)
+            else:
+                expected = reference(*inputs)
+            expected_outputs.append(_to_host(expected))
             trial_inputs.append(inputs)
         modules.synchronize(device)
         del reference
         stats = {"max_abs_err": 0.0, "max_rel_err": 0.0}
         atol = rtol = 0.0
-        for inputs, expected in zip(trial_inputs, expected_outputs):
+        for trial, (inputs, expected) in enumerate(zip(trial_inputs, expected_outputs)):
             inputs_before = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
             with poisoned_allocations():
-                output = _run_candidate_code("forward", model_new, *inputs)
+                if trial == 0:
+                    output, candidate_ops = _run_candidate_code("forward", record_ops, model_new, *inputs)
+                    _check_library_calls(request, reference_ops, candidate_ops)
+                else:
+                    output = _run_candidate_code("forward", model_new, *inputs)
                 modules.synchronize(device)
             _check_inputs_unchanged(inputs_before, inputs)
             _check_output_tensors(output, device)
+            if _aliases_an_input(output, inputs) and not reference_aliases:
+                excerpt = "ModelNew.forward returned (a view of) one of its inputs; the reference returns new memory"
+                raise Outcome("integrity_violation", "returns_input", excerpt)
             # The candidate has finished: the reference comes back to the device for the comparison.
             expected = _to(expected, device)
             mismatch, atol, rtol = compare_outputs(expected, output)
@@ -165,6 +178,22 @@ def run_verify(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
             trial_stats = first_error_stats(expected, output)
             stats = {key: max(stats[key], trial_stats[key]) for key in stats}
     return {"outcome": "correct", "trials": len(trial_inputs), "atol": atol, "rtol": rtol, **stats}
+
+
+def _aliases_an_input(output: Any, inputs: list[Any]) -> bool:
+    """Whether any output tensor shares memory with any input tensor (INTEGRITY.md row 6)."""
+    input_storages = {v.untyped_storage().data_ptr() for v in inputs if isinstance(v, torch.Tensor)}
+    outputs = output if isinstance(output, (tuple, list)) else [output]
+    return any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in input_storages for o in outputs)
+
+
+def _check_library_calls(request: dict[str, Any], reference_ops: set[str], candidate_ops: set[str]) -> None:
+    """INTEGRITY.md row 1: the candidate may not call the torch operators the reference computes."""
+    calls = library_calls(reference_ops, candidate_ops)
+    if calls and not request.get("allow_library_calls", False):
+        names = ", ".join(f"aten::{name}" for name in calls)
+        excerpt = f"ModelNew.forward dispatched {names}, which the reference computes (library calls are off)"
+        raise Outcome("integrity_violation", "reference_op", excerpt)
 
 
 def _check_inputs_unchanged(before: list[Any], after: list[Any]) -> None:

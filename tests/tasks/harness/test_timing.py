@@ -91,6 +91,7 @@ HONEST = PROBLEM.replace("class Model(", "class ModelNew(")
 
 
 def test_last_timed_output_catches_a_candidate_that_goes_bad_after_verification(config):
+    config = config.model_copy(update={"allow_library_calls": True})  # y = x * 2 in torch, as the reference
     assert config.correctness_trials <= 5 < config.warmup_runs + config.min_timed_runs
     verified = evaluate_in_worker("verify", PROBLEM, GOES_BAD_AFTER_FIVE_CALLS, config)
     assert verified["outcome"] == "correct", verified

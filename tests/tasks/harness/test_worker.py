@@ -46,6 +46,13 @@ extern "C" void twice(const float* x, float* y, int64_t n) {
 '''
 
 
+@pytest.fixture
+def config(config):
+    """Many candidates here compute y = 2x in plain torch, the reference's own op, on purpose: they
+    test other outcomes. The library-call check has its own tests in tests/integrity/."""
+    return config.model_copy(update={"allow_library_calls": True})
+
+
 def kernel_candidate(after_kernel: str) -> str:
     """A candidate whose forward computes y = 2x with the g++ kernel, then runs `after_kernel`."""
     forward = "y = torch.empty_like(x)\nlib.twice(x, y, x.numel())\n" + textwrap.dedent(after_kernel).strip()
