@@ -293,6 +293,19 @@ def apply_limits(limits: dict[str, Any]) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
 
 
+def isolate_network() -> bool:
+    """Linux: move this process into a new, empty network namespace (no interfaces, so no network,
+    not even loopback to the orchestrator's host). Needs root or unprivileged user namespaces;
+    where neither is allowed, say so in the worker log and go on."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newnet, clone_newuser = 0x40000000, 0x10000000
+    for flags in (clone_newnet, clone_newuser | clone_newnet):
+        if libc.unshare(flags) == 0:
+            return True
+    print(f"kforge: warning: no network isolation for this worker ({os.strerror(ctypes.get_errno())})", flush=True)
+    return False
+
+
 def die_with_parent() -> None:
     """Linux: have the kernel kill this worker if the orchestrator dies, so no candidate outlives a run."""
     try:
@@ -323,7 +336,11 @@ def main(argv: list[str]) -> int:
         request_path, result_path = Path(argv[1]), Path(argv[2])
     request = json.loads(request_path.read_text())
     apply_limits(request.get("limits", {}))
-    result = evaluate(request, Path.cwd())
+    # The reference alone (baseline) keeps the network: torch.compile's workers may need loopback.
+    # GPU backends too, until a network namespace has been tried beside a CUDA context on a GPU host.
+    wants_isolation = request["mode"] != "baseline" and request.get("backend") == "cpu"
+    network_isolated = isolate_network() if wants_isolation else False
+    result = {**evaluate(request, Path.cwd()), "network_isolated": network_isolated}
     partial = result_path.with_suffix(".partial")
     partial.write_text(json.dumps(result))
     os.replace(partial, result_path)

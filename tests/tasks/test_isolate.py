@@ -4,6 +4,8 @@ does to its process (a crash, a patched torch, a hang) never reaches the next re
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tasks.isolate import evaluate_in_worker, worker_pool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,3 +44,22 @@ def test_pooled_workers_isolate_each_request(config):
     assert (hung["outcome"], hung["error_class"]) == ("timeout", "wall_time_limit")
     timed = evaluate_in_worker("time", PROBLEM, HONEST, pooled)
     assert timed["outcome"] == "correct" and timed["runtime_ms"] > 0
+
+
+def test_candidates_have_no_network(config):
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        phone_home = HONEST.replace(
+            "from kforge.kernels import load_cpp",
+            "from kforge.kernels import load_cpp\nimport socket\n"
+            f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
+            "    raise RuntimeError('reached the orchestrator over the network')\nexcept OSError:\n    pass",
+        )
+        result = evaluate_in_worker("verify", PROBLEM, phone_home, config)
+    if not result.get("network_isolated"):
+        pytest.skip("this host allows no network namespaces (unshare needs root or user namespaces)")
+    assert result["outcome"] == "correct", result
