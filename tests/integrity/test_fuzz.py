@@ -55,7 +55,8 @@ CASES = {
         "verify",
     ),
 }
-# The worker compares outputs element-wise after flattening tuples and lists, so [y] for y passes.
+
+
 def assert_failed_with_a_reason(result: dict, where: str) -> None:
     assert result["outcome"] in OUTCOMES, f"{where}: {result}"
     assert result["outcome"] != "correct", f"{where}: {result}"
