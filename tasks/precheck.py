@@ -23,6 +23,7 @@ FORBIDDEN_MODULES = set(
     " asyncio signal pty shutil tempfile pickle marshal dill cloudpickle shelve importlib runpy ctypes tasks".split()
 )
 IMPORT_REASONS = {"ctypes": "kernels are called through kforge.kernels", "tasks": "the harness is off limits"}
+BUILD_SETTINGS = frozenset({"TORCH_CUDA_ARCH_LIST", "MAX_JOBS"})  # environment keys a candidate may set
 HELPER_API = "kforge.kernels"  # the only part of kforge a candidate imports (load_cpp, load_cuda)
 # Dotted names (fnmatch patterns) a candidate may not reach: error_class -> (why, names).
 REFUSED_NAMES = {
@@ -310,6 +311,15 @@ def _is_jit(node: ast.AST, scope: _Module) -> bool:
     return any((scope.resolve(getattr(d, "func", d)) or "").startswith("triton") for d in node.decorator_list)
 
 
+def _sets_a_build_setting(node: ast.AST, scope: _Module) -> bool:
+    """`os.environ["TORCH_CUDA_ARCH_LIST"] = ...`: KernelBench candidates set it before load_inline."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript)):
+        return False
+    target = node.targets[0]
+    key = target.slice.value if isinstance(target.slice, ast.Constant) else None
+    return scope.resolve(target.value) == "os.environ" and key in BUILD_SETTINGS
+
+
 def _violations(tree: ast.Module, refused: frozenset[str]) -> list[tuple[int, int, str, str]]:
     """(line, column, error_class, reason) for every refused construct. An explicit stack, not
     recursion: a deeply nested source cannot overflow the scan."""
@@ -317,6 +327,9 @@ def _violations(tree: ast.Module, refused: frozenset[str]) -> list[tuple[int, in
     stack: list[tuple[ast.AST, bool, bool]] = [(tree, False, False)]
     while stack:
         node, in_except, in_jit = stack.pop()
+        if _sets_a_build_setting(node, scope):
+            stack.append((node.value, in_except, in_jit))  # the value is still scanned, the target is allowed
+            continue
         line, col = getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
         found += [(line, col, kind, reason) for kind, reason in _node_violations(node, scope)]
         reached = None if in_jit else _reference_op_action(node, scope, refused)

@@ -452,3 +452,10 @@ def test_a_200_line_candidate_is_checked_in_well_under_50_ms():
     print(f"precheck of a {len(source.splitlines())}-line candidate: {elapsed * 1000:.1f} ms")
     assert result is None
     assert elapsed < 0.5
+
+
+def test_kernelbench_build_settings_may_be_set_but_nothing_else_rides_along():
+    arch = candidate("return x", "import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '9.0'")
+    assert precheck(arch, RELU) is None
+    smuggled = candidate("return x", "import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = open('/etc/hostname').read()")
+    assert precheck(smuggled, RELU)["error_class"] == "file_access"
