@@ -185,11 +185,16 @@ class WorkerPool:
         self._starter.submit(fill)
 
     def take(self, env: dict[str, str], warm_device: str, refill_now: bool) -> _Worker:
-        """A waiting worker for this environment (started now if none is ready)."""
+        """A waiting worker for this environment (started now if none is ready). Spares kept for
+        another environment (another run's cache or threads) are closed: one run's at a time."""
         key = (tuple(sorted(env.items())), warm_device)
         with self._lock:
-            ready = self._spares.get(key, [])
+            stale = [w for other, workers in self._spares.items() if other != key for w in workers]
+            self._spares = {key: self._spares.get(key, [])}
+            ready = self._spares[key]
             worker = ready.pop(0) if ready else None
+        for spare in stale:
+            _close(spare)
         if worker is None or worker.process.poll() is not None:
             worker = self._start_standby(env, warm_device)
         if refill_now:
@@ -204,10 +209,14 @@ class WorkerPool:
             spares = [w for workers in self._spares.values() for w in workers]
             self._spares.clear()
         for worker in spares:
-            _kill_session(worker.process)
-            worker.log_file.close()
-            worker.control.cleanup()
-            worker.work.cleanup()
+            _close(worker)
+
+
+def _close(worker: _Worker) -> None:
+    _kill_session(worker.process)
+    worker.log_file.close()
+    worker.control.cleanup()
+    worker.work.cleanup()
 
 
 _pools: dict[int, WorkerPool] = {}
