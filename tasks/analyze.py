@@ -19,7 +19,7 @@ from kforge.config import RunConfig
 from tasks.generate import retry_on_endpoint
 from tasks.llm import EndpointError, chat, cost_usd
 from tasks.problems import Problem
-from tasks.prompts import PROMPTS_DIR, prompt_hash, render_messages
+from tasks.prompts import prompt_hash, render_messages, templates_digest
 
 RECOMMENDATION_KEYS = ("bottleneck", "recommendation", "expected_effect")
 TIMING_KEYS = (
@@ -105,7 +105,7 @@ def _analysis_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
         {key: parameters["timings"].get(key) for key in TIMING_KEYS},
         config.backend,
         config.llm.model_dump(include={"model", "temperature", "max_tokens"}),
-        sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in PROMPTS_DIR.glob("*.j2")),
+        templates_digest(),
         parameters["run_id"],
     ]
     return "analyze-" + hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -39,12 +40,20 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def retry_on_infrastructure(_task: Any, _task_run: Any, state: Any) -> bool:
-    """Retry a stage only when the infrastructure failed, never for the candidate's own outcome."""
-    try:
-        state.result()
-    except InfrastructureError:
-        return True
-    except Exception:
+def retry_when(transient: type[Exception]) -> Callable[[Any, Any, Any], bool]:
+    """A Prefect retry condition: retry a task run only when it failed with `transient`."""
+
+    def should_retry(_task: Any, _task_run: Any, state: Any) -> bool:
+        try:
+            state.result()
+        except transient:
+            return True
+        except Exception:
+            return False
         return False
-    return False
+
+    return should_retry
+
+
+# Retry a stage only when the infrastructure failed, never for the candidate's own outcome.
+retry_on_infrastructure = retry_when(InfrastructureError)

@@ -22,10 +22,11 @@ from typing import Any
 from prefect import task
 
 from kforge.config import ModelSettings, RunConfig
+from tasks.caching import retry_when
 from tasks.extract import extract_candidate
 from tasks.llm import EndpointError, EndpointUnavailable, chat, cost_usd
 from tasks.problems import Problem
-from tasks.prompts import PROMPTS_DIR, prompt_hash, render_messages
+from tasks.prompts import prompt_hash, render_messages, templates_digest
 
 KERNELS_REF = Path(__file__).resolve().parents[1] / "kernels_ref"
 
@@ -199,21 +200,14 @@ def _generation_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
         )
     else:
         payload["model"] = config.llm.model_dump(include={"model", "temperature", "max_tokens"})
-        payload["prompts"] = _files_digest(list(PROMPTS_DIR.glob("*.j2")))
+        payload["prompts"] = templates_digest()
         # A retry of the same run replays the reply; a new run asks again (and the reply cache answers).
         payload["run_id"] = parameters["run_id"]
     return "generate-" + hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def retry_on_endpoint(_task: Any, _task_run: Any, state: Any) -> bool:
-    """Retry a model call only when the endpoint may come back (429, 5xx, timeouts, lost connections)."""
-    try:
-        state.result()
-    except EndpointUnavailable:
-        return True
-    except Exception:
-        return False
-    return False
+# Retry a model call only when the endpoint may come back (429, 5xx, timeouts, lost connections).
+retry_on_endpoint = retry_when(EndpointUnavailable)
 
 
 @task(name="generate", cache_key_fn=_generation_cache_key, persist_result=True, retry_condition_fn=retry_on_endpoint)

@@ -39,3 +39,8 @@ def render_messages(role: str, prompts_dir: Path = PROMPTS_DIR, **variables: Any
 
 def prompt_hash(messages: list[dict[str, str]]) -> str:
     return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def templates_digest(prompts_dir: Path = PROMPTS_DIR) -> list[str]:
+    """Hashes of every template: a changed prompt is a new cache key for the agents' stages."""
+    return sorted(hashlib.sha256(path.read_bytes()).hexdigest() for path in prompts_dir.glob("*.j2"))

@@ -24,6 +24,7 @@ from kforge.results import SCHEMA_VERSION, append_rows
 from tasks.caching import source_hash, toolchain_fingerprint
 from tasks.generate import GenerationReply
 from tasks.harness.cpu import toolchain_version
+from tasks.harness.cuda import nvcc_version
 from tasks.measure import speedups
 from tasks.problems import Problem
 
@@ -146,7 +147,6 @@ def host_facts() -> dict[str, Any]:
     """Host, GPU, driver and toolchain versions for the `runs` table (no torch import here)."""
     gpu = _command_output("nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader")
     gpu_name, driver = gpu.splitlines()[0].split(", ")[:2] if gpu else (None, None)
-    nvcc = _command_output("nvcc", "--version")
     return {
         "host": socket.gethostname(),
         "device": "cuda" if gpu else "cpu",
@@ -155,7 +155,7 @@ def host_facts() -> dict[str, Any]:
         "toolchain": json.dumps(
             {
                 "gxx": toolchain_version(),
-                "nvcc": nvcc.splitlines()[-1] if nvcc else None,
+                "nvcc": nvcc_version(),
                 "gpu_clocks_at_start": gpu.splitlines()[0] if gpu else None,
                 "fingerprint": toolchain_fingerprint(),
             }

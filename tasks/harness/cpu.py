@@ -38,14 +38,20 @@ class CompileError(Exception):
     """The compiler rejected the candidate's source; the message holds the compiler log."""
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=4)
+def tool_version(tool: str, last_line: bool = False) -> str:
+    """The first (or last) line of `TOOL --version`, or 'TOOL missing'."""
+    try:
+        out = subprocess.run([tool, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return f"{tool} missing"
+    lines = out.strip().splitlines() or [""]
+    return (lines[-1] if last_line else lines[0]).strip()
+
+
 def toolchain_version() -> str:
     """First line of `g++ --version`, or 'g++ missing'."""
-    try:
-        out = subprocess.run(["g++", "--version"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "g++ missing"
-    return out.splitlines()[0].strip()
+    return tool_version("g++")
 
 
 def kernel_cache_dir() -> Path:

@@ -47,10 +47,9 @@ import ctypes
 import functools
 import hashlib
 import os
-import subprocess
 from pathlib import Path
 
-from tasks.harness.cpu import build_cached, kernel_cache_dir, to_c_argument
+from tasks.harness.cpu import build_cached, kernel_cache_dir, to_c_argument, tool_version
 
 NVCC_FLAGS = ["-O3", "-shared", "-Xcompiler", "-fPIC", "--cudart", "static"]
 DEFAULT_ARCH = "sm_90"
@@ -63,14 +62,9 @@ extern "C" const char* kforge_launch_error() {
 """
 
 
-@functools.lru_cache(maxsize=1)
 def nvcc_version() -> str:
     """Last line of `nvcc --version` (names the exact build), or 'nvcc missing'."""
-    try:
-        out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "nvcc missing"
-    return out.strip().splitlines()[-1].strip()
+    return tool_version("nvcc", last_line=True)
 
 
 @functools.lru_cache(maxsize=1)
