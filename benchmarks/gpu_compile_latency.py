@@ -1,20 +1,25 @@
-"""CUDA compile latency per candidate: kforge's nvcc fast path against KernelBench's load_inline.
+"""CUDA compile latency per candidate: kforge's two fast paths (nvcc and NVRTC) against KernelBench's load_inline.
 
-    python benchmarks/gpu_compile_latency.py [--no-gpu] [--kernels relu,gelu] [--load-inline auto|sequential|concurrent]
+    python benchmarks/gpu_compile_latency.py [--no-gpu] [--kernels relu,gelu] [--load-inline concurrent|auto|sequential]
 
 Five kernels, the CUDA references of five smoke problems (`kernels_ref/cuda/1_*.py`), each built
-two ways from the same source: as it is through `load_cuda` (nvcc -> shared object, ctypes
-launchers), and through `torch.utils.cpp_extension.load_inline` with a C++ wrapper taking
-`torch::Tensor` that calls the same launcher on torch's current stream (a unique module name each
-time). Every compile runs in a fresh subprocess with a fresh empty $KFORGE_KERNEL_CACHE and
-$TORCH_EXTENSIONS_DIR, so nothing is a cache hit; the subprocess imports torch and initializes
-CUDA first and times only the load call (`load s`); its whole wall time is reported apart. The
-warm-cache lookup is the same load call in another fresh subprocess over the cache just filled.
-On a GPU each built kernel is checked against torch outside the timed region.
+three ways from the same source: as it is through `load_cuda` (nvcc -> shared object, ctypes
+launchers); its `__global__` functions alone, made `extern "C"`, through `load_cuda_kernels` (NVRTC
+-> cubin in the calling process, driver-API launches); and through
+`torch.utils.cpp_extension.load_inline` with a C++ wrapper taking `torch::Tensor` that calls the
+same launcher on torch's current stream (a unique module name each time). Every compile runs in a
+fresh subprocess with a fresh empty $KFORGE_KERNEL_CACHE and $TORCH_EXTENSIONS_DIR, so nothing is a
+cache hit; the subprocess imports torch and initializes CUDA first and times only the load call
+(`load s`: for NVRTC that includes loading libnvrtc, as a fresh worker would); its whole wall time
+is reported apart. The warm-cache lookup is the same load call in another fresh subprocess over the
+cache just filled. On a GPU each built kernel is checked against torch outside the timed region.
 
-load_inline compiles run one at a time unless the first one shows that all of them would take
-more than about 6 minutes; then the rest run concurrently, one subprocess per kernel (--load-inline
-forces either). `--no-gpu` measures only the fast path's nvcc compile on a host without a GPU.
+The nvcc and NVRTC compiles run one at a time. load_inline compiles (about a minute each) run all
+at once by default, one subprocess per kernel (`--load-inline concurrent`), so the whole script
+takes about 2.5 minutes on a 16-core host; `sequential` runs them one at a time (uncontended, about 4
+minutes more); `auto` runs the first alone and the rest concurrently when the first shows that all
+of them one at a time would take more than SEQUENTIAL_BUDGET_S. `--no-gpu` measures only the two
+fast paths' compiles, on a host without a GPU.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SEQUENTIAL_BUDGET_S = 360.0
+SEQUENTIAL_BUDGET_S = 120.0  # in auto mode: above this, the rest of the load_inline compiles run concurrently
 MAX_CONCURRENT = 5
 
 # The C++ side of load_inline: a torch::Tensor wrapper per kernel around the reference launcher.
@@ -93,6 +98,13 @@ def reference_source(kernel: str) -> str:
     raise ValueError(f"kernels_ref/cuda/1_{kernel}.py has no load_cuda call")
 
 
+def nvrtc_source(kernel: str) -> str:
+    """The reference's device code for load_cuda_kernels: everything before the first host launcher
+    (each reference ends with its launchers), every `__global__` function made `extern "C"`."""
+    source = reference_source(kernel)
+    return source[: source.index('extern "C" void')].replace("__global__ void", 'extern "C" __global__ void')
+
+
 def inline_declaration(kernel: str) -> str:
     """`torch::Tensor f(args);`: the first line of the wrapper, for load_inline's cpp_sources."""
     return WRAPPERS[kernel].strip().splitlines()[0].rstrip(" {") + ";"
@@ -133,6 +145,25 @@ def fast_call(lib, kernel: str, x):
     return y
 
 
+def nvrtc_call(kernels, kernel: str, x):
+    """The launches the reference's host launcher makes, through load_cuda_kernels' kernels."""
+    import torch
+
+    rows, cols = x.shape
+    if kernel == "sum_dim":
+        y = torch.empty(8, 333, device="cuda")
+        kernels.sum_dim_kernel(grid=(8 * 333 + 255) // 256, block=256, args=(x, y, 8, 8, 333))
+        return y
+    y = torch.empty_like(x)
+    if kernel in ("relu", "gelu"):
+        getattr(kernels, f"{kernel}_kernel")(grid=(x.numel() + 255) // 256, block=256, args=(x, y, x.numel()))
+    elif kernel == "softmax":
+        kernels.softmax_kernel(grid=rows, block=256, args=(x, y, cols))
+    else:
+        kernels.layernorm_kernel(grid=rows, block=256, args=(x, y, cols, 1e-5))
+    return y
+
+
 def inline_call(module, kernel: str, x):
     function = getattr(module, f"{kernel}_tensor")
     extra = {"layernorm": (1e-5,), "sum_dim": (1,)}.get(kernel, ())
@@ -144,15 +175,22 @@ def child(path: str, kernel: str, name: str, gpu: bool) -> None:
     import torch
 
     from tasks.harness.cuda import load_cuda
+    from tasks.harness.nvrtc import load_cuda_kernels
 
     if gpu:
-        torch.cuda.get_device_capability()  # CUDA initialized here, not inside the timed load
+        torch.zeros(1, device="cuda")  # CUDA and its context initialized here, not inside the timed load
     source = reference_source(kernel)
     if path == "fast":
         start = time.perf_counter()
         built = load_cuda(source)
         load_s = time.perf_counter() - start
         call = lambda x: fast_call(built, kernel, x)  # noqa: E731
+    elif path == "nvrtc":
+        source = nvrtc_source(kernel)
+        start = time.perf_counter()
+        built = load_cuda_kernels(source)
+        load_s = time.perf_counter() - start
+        call = lambda x: nvrtc_call(built, kernel, x)  # noqa: E731
     else:
         from torch.utils.cpp_extension import load_inline
 
@@ -205,15 +243,22 @@ def cold_and_warm(path: str, kernel: str, workdir: Path, gpu: bool) -> dict[str,
 
 def load_inline_all(kernels: list[str], workdir: Path, mode: str) -> tuple[dict[str, dict[str, float]], str]:
     """Cold and warm load_inline per kernel, and a sentence saying how they were scheduled."""
+
+    def concurrently(some: list[str]) -> list[dict[str, float]]:
+        with ThreadPoolExecutor(max_workers=min(MAX_CONCURRENT, len(some))) as pool:
+            return list(pool.map(lambda k: cold_and_warm("inline", k, workdir, True), some))
+
     start = time.perf_counter()
+    if mode == "concurrent":
+        measured = concurrently(kernels)
+        return dict(zip(kernels, measured)), (
+            f"all {len(kernels)} concurrently, one subprocess each ({time.perf_counter() - start:.0f} s in all)"
+        )
     first = cold_and_warm("inline", kernels[0], workdir, True)
-    first_s = time.perf_counter() - start
-    estimate_s = first_s * len(kernels)
-    concurrent = mode == "concurrent" or (mode == "auto" and estimate_s > SEQUENTIAL_BUDGET_S)
+    estimate_s = (time.perf_counter() - start) * len(kernels)
     rest = kernels[1:]
-    if concurrent and rest:
-        with ThreadPoolExecutor(max_workers=min(MAX_CONCURRENT, len(rest))) as pool:
-            measured = list(pool.map(lambda k: cold_and_warm("inline", k, workdir, True), rest))
+    if mode == "auto" and estimate_s > SEQUENTIAL_BUDGET_S and rest:
+        measured = concurrently(rest)
         how = (
             f"the first ({kernels[0]}) alone, then the other {len(rest)} concurrently, one subprocess each "
             f"(all {len(kernels)} one at a time: ~{estimate_s / 60:.1f} min estimated from the first)"
@@ -228,6 +273,7 @@ def machine_facts(gpu: bool) -> list[tuple[str, str]]:
     import torch
 
     from tasks.harness.cuda import cuda_arch, nvcc_version
+    from tasks.harness.nvrtc import nvrtc_version
 
     facts = [
         ("date", time.strftime("%Y-%m-%d %H:%M %Z")),
@@ -235,6 +281,7 @@ def machine_facts(gpu: bool) -> list[tuple[str, str]]:
         ("python", platform.python_version()),
         ("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"),
         ("nvcc", nvcc_version()),
+        ("nvrtc", nvrtc_version()),
         ("arch", cuda_arch()),
     ]
     if gpu:
@@ -250,30 +297,43 @@ def median_of(measured: dict[str, dict[str, float]], key: str) -> float | None:
     return statistics.median(m[key] for m in measured.values()) if measured else None
 
 
-def cold_rows(kernels: list[str], fast: dict, inline: dict) -> list[list[str]]:
-    """kernel, fast load s, load_inline load s, ratio, both wall s; then the medians."""
-    rows = []
-    for k in kernels:
-        inline_s = inline[k]["cold_s"] if k in inline else None
-        ratio = inline_s / fast[k]["cold_s"] if inline_s else None
-        walls = [fmt(fast[k]["cold_wall_s"]), fmt(inline[k]["cold_wall_s"] if k in inline else None)]
-        rows.append([k, fmt(fast[k]["cold_s"]), fmt(inline_s), fmt(ratio, 1), *walls])
-    ratios = [inline[k]["cold_s"] / fast[k]["cold_s"] for k in kernels if k in inline]
-    median_ratio = statistics.median(ratios) if ratios else None
-    medians = [fmt(median_of(m, "cold_s")) for m in (fast, inline)]
-    walls = [fmt(median_of(m, "cold_wall_s")) for m in (fast, inline)]
-    return [*rows, ["median", *medians, fmt(median_ratio, 1), *walls]]
+PATHS = {"fast": "nvcc", "nvrtc": "NVRTC", "inline": "load_inline"}  # column labels
 
 
-def warm_rows(kernels: list[str], fast: dict, inline: dict) -> list[list[str]]:
-    """kernel, fast and load_inline warm lookup ms, both wall s; then the medians."""
+def ratio(measured: dict, numerator: str, denominator: str, kernel: str) -> float | None:
+    """Cold load s of path `numerator` over path `denominator` for `kernel`; None if either is missing."""
+    if kernel not in measured[numerator] or kernel not in measured[denominator]:
+        return None
+    return measured[numerator][kernel]["cold_s"] / measured[denominator][kernel]["cold_s"]
+
+
+def median_ratio(measured: dict, numerator: str, denominator: str, kernels: list[str]) -> float | None:
+    ratios = [r for k in kernels if (r := ratio(measured, numerator, denominator, k)) is not None]
+    return statistics.median(ratios) if ratios else None
+
+
+def cold_rows(kernels: list[str], measured: dict[str, dict]) -> list[list[str]]:
+    """kernel, each path's load s, nvcc/NVRTC and load_inline/NVRTC, each path's wall s; then the medians."""
     rows = []
     for k in kernels:
-        inline_warm = inline.get(k, {})
-        loads = [fmt(fast[k]["warm_s"], 1, 1000), fmt(inline_warm.get("warm_s"), 1, 1000)]
-        rows.append([k, *loads, fmt(fast[k]["warm_wall_s"]), fmt(inline_warm.get("warm_wall_s"))])
-    loads = [fmt(median_of(m, "warm_s"), 1, 1000) for m in (fast, inline)]
-    return [*rows, ["median", *loads, *[fmt(median_of(m, "warm_wall_s")) for m in (fast, inline)]]]
+        loads = [fmt(measured[p][k]["cold_s"] if k in measured[p] else None) for p in PATHS]
+        ratios = [fmt(ratio(measured, p, "nvrtc", k), 1) for p in ("fast", "inline")]
+        walls = [fmt(measured[p][k]["cold_wall_s"] if k in measured[p] else None) for p in PATHS]
+        rows.append([k, *loads, *ratios, *walls])
+    loads = [fmt(median_of(measured[p], "cold_s")) for p in PATHS]
+    ratios = [fmt(median_ratio(measured, p, "nvrtc", kernels), 1) for p in ("fast", "inline")]
+    walls = [fmt(median_of(measured[p], "cold_wall_s")) for p in PATHS]
+    return [*rows, ["median", *loads, *ratios, *walls]]
+
+
+def warm_rows(kernels: list[str], measured: dict[str, dict]) -> list[list[str]]:
+    """kernel, each path's warm lookup ms and wall s; then the medians."""
+    rows = []
+    for k in kernels:
+        loads = [fmt(measured[p].get(k, {}).get("warm_s"), 1, 1000) for p in PATHS]
+        rows.append([k, *loads, *[fmt(measured[p].get(k, {}).get("warm_wall_s")) for p in PATHS]])
+    loads = [fmt(median_of(measured[p], "warm_s"), 1, 1000) for p in PATHS]
+    return [*rows, ["median", *loads, *[fmt(median_of(measured[p], "warm_wall_s")) for p in PATHS]]]
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:
@@ -287,9 +347,9 @@ def main() -> None:
         path, kernel, name = sys.argv[sys.argv.index("--child") + 1 :][:3]
         child(path, kernel, name, gpu="--no-gpu" not in sys.argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-gpu", action="store_true", help="fast path (nvcc) only, on a host without a GPU")
+    parser.add_argument("--no-gpu", action="store_true", help="the fast paths' compiles only, on a host without a GPU")
     parser.add_argument("--kernels", default=",".join(KERNELS), help=f"comma-separated, from {','.join(KERNELS)}")
-    parser.add_argument("--load-inline", choices=["auto", "sequential", "concurrent"], default="auto")
+    parser.add_argument("--load-inline", choices=["auto", "sequential", "concurrent"], default="concurrent")
     args = parser.parse_args()
     kernels = args.kernels.split(",")
     import torch
@@ -299,32 +359,44 @@ def main() -> None:
         print("nvcc not found on PATH: nothing to measure (install the CUDA toolkit). Skipped.")
         return
     if gpu and not torch.cuda.is_available():
-        print("no CUDA GPU visible: skipped (--no-gpu measures the fast path's nvcc compile alone).")
+        print("no CUDA GPU visible: skipped (--no-gpu measures the fast paths' nvcc and NVRTC compiles alone).")
         return
     for key, value in machine_facts(gpu):
         print(f"{key:8} {value}")
     print()
 
     with tempfile.TemporaryDirectory(prefix="kforge-bench-gpu-compile-") as workdir:
-        fast = {k: cold_and_warm("fast", k, Path(workdir), gpu) for k in kernels}
-        inline, how = load_inline_all(kernels, Path(workdir), args.load_inline) if gpu else ({}, "")
+        measured = {
+            path: {k: cold_and_warm(path, k, Path(workdir), gpu) for k in kernels} for path in ("fast", "nvrtc")
+        }
+        measured["inline"], how = load_inline_all(kernels, Path(workdir), args.load_inline) if gpu else ({}, "")
 
+    labels = list(PATHS.values())
     print("cold compile (fresh subprocess, fresh empty caches); s: the load call alone; wall s: the whole subprocess")
-    header = ["kernel", "fast path s", "load_inline s", "ratio", "fast path wall s", "load_inline wall s"]
-    print_table(header, cold_rows(kernels, fast, inline))
+    print("nvcc: load_cuda (nvcc -> shared object); NVRTC: load_cuda_kernels (NVRTC -> cubin); ratios over NVRTC")
+    header = [
+        "kernel",
+        *[f"{c} s" for c in labels],
+        "nvcc/NVRTC",
+        "load_inline/NVRTC",
+        *[f"{c} wall s" for c in labels],
+    ]
+    print_table(header, cold_rows(kernels, measured))
     print()
     print("warm-cache lookup (the same load call in another fresh subprocess, over the cache just filled)")
-    header = ["kernel", "fast path ms", "load_inline ms", "fast path wall s", "load_inline wall s"]
-    print_table(header, warm_rows(kernels, fast, inline))
+    print_table(
+        ["kernel", *[f"{c} ms" for c in labels], *[f"{c} wall s" for c in labels]], warm_rows(kernels, measured)
+    )
     print()
+    medians = {p: fmt(median_of(measured[p], "cold_s")) for p in PATHS}
+    print(f"n = {len(kernels)} kernels; median cold load: nvcc {medians['fast']} s, NVRTC {medians['nvrtc']} s", end="")
     if gpu:
-        ratios = [inline[k]["cold_s"] / fast[k]["cold_s"] for k in kernels]
-        ratio_of_medians = median_of(inline, "cold_s") / median_of(fast, "cold_s")
+        print(f", load_inline {medians['inline']} s")
         print(f"load_inline compiles ran {how}.")
-        print(f"median ratio load_inline / fast path: {statistics.median(ratios):.1f}x per kernel")
-        print(f"(ratio of the median compile times: {ratio_of_medians:.1f}x)")
+        inline_over_fast = median_ratio(measured, "inline", "fast", kernels)
+        print(f"median ratio load_inline / nvcc per kernel: {fmt(inline_over_fast, 1)}x")
     else:
-        print("--no-gpu: fast path (nvcc) only; load_inline needs a CUDA build of torch and a GPU: not run.")
+        print("\n--no-gpu: the two fast paths' compiles only; load_inline needs a CUDA build of torch and a GPU")
 
 
 if __name__ == "__main__":
