@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 2: agents F and G; 3: the LLM soft check
 
 OUTCOMES = (
     "generation_failed",
@@ -92,6 +92,11 @@ ATTEMPTS_SCHEMA = _schema(
         ("analysis_error", pa.string()),
         ("analysis_tokens_in", pa.int64()),
         ("analysis_tokens_out", pa.int64()),
+        ("soft_check", pa.string()),  # "pass", "fail", or null when not run
+        ("soft_check_reason", pa.string()),
+        ("soft_check_error", pa.string()),
+        ("soft_check_tokens_in", pa.int64()),
+        ("soft_check_tokens_out", pa.int64()),
         ("created_at", _UTC_TIMESTAMP),
     ],
 )

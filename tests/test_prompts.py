@@ -13,6 +13,7 @@ from tasks.analyze import analysis_messages
 from tasks.generate import GenerationRequest, generation_messages
 from tasks.problems import parse_problem
 from tasks.prompts import render_messages
+from tasks.softcheck import soft_check_messages
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -91,6 +92,11 @@ def test_generation_prompt_snapshot(name):
 def test_analysis_prompt_snapshot():
     source = (ROOT / "kernels_ref" / "cpu" / "1_relu.py").read_text()
     check_snapshot("analyze", as_text(analysis_messages(PROBLEM, source, "cpu", TIMINGS, None)))
+
+
+def test_soft_check_prompt_snapshot():
+    source = (ROOT / "kernels_ref" / "cpu" / "1_relu.py").read_text()
+    check_snapshot("softcheck", as_text(soft_check_messages(PROBLEM, source, "cpu", allow_library_calls=False)))
 
 
 def test_a_missing_variable_fails_loudly():

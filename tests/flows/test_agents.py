@@ -136,6 +136,8 @@ def test_agents_refine_record_tokens_survive_endpoint_failures_and_replay_on_ret
         assert set(attempts["model"]) == {"scripted"} and set(attempts["agent"]) == {"llm"}
         assert attempts["performance_agent"].all() and (attempts["max_iterations"] == 1).all()
         assert not attempts["reply_cached"].any()
+        # The soft check is off by default: no verdict, no tokens (and no extra prompt, counted above).
+        assert attempts["soft_check"].isna().all() and (attempts["soft_check_tokens_in"] == 0).all()
 
         # The endpoint is back; Retry on the failed flow run asks the model only for what failed.
         scripts.scripts["1_softmax"] = [kernel_reply("1_softmax.py"), {"content": "no JSON here"}]
@@ -154,12 +156,14 @@ def test_agents_refine_record_tokens_survive_endpoint_failures_and_replay_on_ret
     assert (raw["problem_id"] == "1_softmax").sum() == 3  # the failed row is kept on disk, superseded in load()
 
 
-def test_a_new_run_is_answered_from_the_reply_cache(prefect_server, llm_config, tmp_path):
+def test_a_new_run_is_answered_from_the_reply_cache_soft_check_included(prefect_server, llm_config, tmp_path):
     suite = tmp_path / "one"
     suite.mkdir()
     shutil.copy(SMOKE / "1_sum_dim.py", suite / "1_sum_dim.py")
-    llm_config = llm_config.model_copy(update={"suite": str(suite)})
-    script = [{"content": "No code, sorry."}, kernel_reply("1_sum_dim.py")]
+    llm_config = llm_config.model_copy(update={"suite": str(suite), "soft_check": True})
+    reason = "forward sums with torch.sum instead of the C++ loop"  # a scripted verdict on an honest kernel
+    verdict = {"content": json.dumps({"verdict": "fail", "reason": reason})}
+    script = [{"content": "No code, sorry."}, kernel_reply("1_sum_dim.py"), verdict]
     with scripted_openai_server(script) as server:
         first = run_suite(with_endpoint(llm_config, server.base_url))
     assert first["outcomes"] == {"generation_failed": 1, "correct": 1}
@@ -172,3 +176,10 @@ def test_a_new_run_is_answered_from_the_reply_cache(prefect_server, llm_config, 
     replayed = attempts[attempts["run_id"] == second["run_id"]]
     assert replayed["reply_cached"].all() and (replayed["cost_usd"] == 0).all()
     assert (replayed["tokens_in"] > 0).all()  # the tokens the cached reply cost when it was made
+    # The soft check ran on the correct kernel only; its verdict sits beside the outcome, never changing it.
+    for run in (first, second):
+        rows = attempts[attempts["run_id"] == run["run_id"]].set_index("iteration")
+        assert rows.loc[1, ["outcome", "soft_check", "soft_check_reason"]].tolist() == ["correct", "fail", reason]
+        assert rows.loc[1, "soft_check_tokens_in"] > 0 and pd.isna(rows.loc[1, "soft_check_error"])
+        assert pd.isna(rows.loc[0, "soft_check"]) and rows.loc[0, "outcome"] == "generation_failed"
+    assert (attempts["schema_version"] == results.SCHEMA_VERSION).all()
