@@ -9,7 +9,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import wait
 from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.transactions import CommitMode, transaction
 
 from flows.synthesize import synthesize_problem
 from kforge.config import RunConfig
@@ -24,6 +28,16 @@ class SuiteFailed(Exception):
 @task(name="load-suite")
 def load_suite_task(suite: str) -> tuple[list[Problem], list[RejectedFile]]:
     return load_suite(suite)
+
+
+# Never cached itself: a retried run enters every problem again, whose stages replay from their own caches.
+@task(name="problem", task_run_name="problem-{problem.problem_id}", cache_policy=NO_CACHE)
+def problem_task(problem: Problem, config: RunConfig, run_id: str) -> list[dict[str, Any]]:
+    """One problem's subflow, as a task so the suite can run several at once."""
+    # Stages run inside a task join its transaction, and a failed problem would roll back the stages it
+    # finished; committing each stage as it ends keeps them cached for a retry, as at the flow's top level.
+    with transaction(commit_mode=CommitMode.EAGER):
+        return synthesize_problem(problem, config, run_id)
 
 
 def seed_from(run_id: str) -> int:
@@ -45,11 +59,17 @@ def run_suite(config: RunConfig) -> dict[str, Any]:
         logger.warning("skipped %s", rejected_file)
     record_run_task(run_row(run_id, config, "running", started_at, facts), config.results_dir)
 
+    # The runner is made here, not on the decorator, so the config decides the fan-out however the
+    # flow is started (kforge run, kforge retry, Retry in the UI, run-grid).
+    with ThreadPoolTaskRunner(max_workers=config.effective_parallel_problems()) as runner:
+        futures = [runner.submit(problem_task, {"problem": p, "config": config, "run_id": run_id}) for p in problems]
+        wait(futures)  # leaving the runner cancels what is still running
+    states = [future.state for future in futures]
+
     outcomes: Counter[str] = Counter()
     failed_problems: dict[str, str] = {}
     broken_problems: list[str] = []  # the reference itself fails; see the flow run's log
-    for problem in problems:
-        state = synthesize_problem(problem, config, run_id, return_state=True)
+    for problem, state in zip(problems, states):  # in suite order, whatever order they finished in
         if state.is_completed():
             rows = state.result()
             outcomes.update(row["outcome"] for row in rows)

@@ -13,6 +13,7 @@ from tasks.generate import GenerationRequest, backoff_delays, failed_generation,
 from tasks.measure import baseline_task, time_task
 from tasks.problems import Problem
 from tasks.record import attempt_row, feedback_from_row, record_attempt_task
+from tasks.softcheck import failed_soft_check, needs_model_notice, soft_check_task, wants_soft_check, with_soft_check
 from tasks.verify import verify_task
 
 
@@ -39,6 +40,8 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
     baseline: dict[str, Any] = {}  # measured once the agent has produced a candidate
     rows: list[dict[str, Any]] = []
     previous_source, feedback, recommendation = None, None, None
+    if notice := needs_model_notice(config, run_id):
+        get_run_logger().warning(notice)
     for iteration in range(config.iterations + 1):
         request = GenerationRequest(
             problem, config.backend, iteration, previous_source, feedback, recommendation, config.reference_backend
@@ -58,6 +61,12 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
             stage_results = evaluate_candidate(problem, reply.candidate_source, config)
         parent = rows[-1]["attempt_id"] if rows else None
         row = attempt_row(run_id, problem, config, iteration, reply, stage_results, baseline, parent)
+        if wants_soft_check(config, row):
+            state = _model_task(soft_check_task, config)(
+                problem, reply.candidate_source, config, run_id, return_state=True
+            )
+            soft_check = state.result() if state.is_completed() else failed_soft_check(state.result(False))
+            row = with_soft_check(row, soft_check)  # beside the outcome, which it never changes
         recommendation = None
         if wants_analysis(config, row, iteration):
             state = _model_task(analyze_task, config)(

@@ -123,6 +123,9 @@ def run(
         int | None, Opt(help="Correctness trials per candidate, each with fresh inputs (default: 3).")
     ] = None,
     threads: Annotated[int | None, Opt(help="CPU threads per worker (default: all cores).")] = None,
+    parallel_problems: Annotated[
+        int | None, Opt(help="Problems evaluated at once (default: min(8, CPU cores) on GPU backends, 1 on cpu).")
+    ] = None,
     torch_compile: Annotated[
         bool | None, Opt(help="Also time the reference under torch.compile (default: on).")
     ] = None,
@@ -146,6 +149,10 @@ def run(
     performance_agent: Annotated[
         bool | None, Opt(help="Ask the performance agent for one recommendation per correct kernel (default: off).")
     ] = None,
+    soft_check: Annotated[
+        bool | None,
+        Opt(help="Ask the model to review each correct kernel: whole function, native code (default: off)."),
+    ] = None,
 ) -> None:
     """Run every problem of a suite through generate -> compile -> verify -> time and record the attempts.
 
@@ -164,9 +171,11 @@ def run(
             "base_seed": seed,
             "correctness_trials": trials,
             "threads": threads,
+            "parallel_problems": parallel_problems,
             "torch_compile_baseline": torch_compile,
             "reference_backend": reference_backend,
             "performance_agent": performance_agent,
+            "soft_check": soft_check,
         },
         {
             "model": model,
@@ -219,6 +228,9 @@ def grid(
     backend: Annotated[str | None, Opt(help="Kernel backend: cpu | cuda | triton (default: cpu).")] = None,
     results: Annotated[str | None, Opt(help="Results directory (default: data/results).")] = None,
     cache: Annotated[str | None, Opt(help="Cache directory (default: data/cache).")] = None,
+    parallel_problems: Annotated[
+        int | None, Opt(help="Problems evaluated at once (default: min(8, CPU cores) on GPU backends, 1 on cpu).")
+    ] = None,
     base_url: Annotated[str | None, Opt(envvar="KFORGE_BASE_URL", help="OpenAI-compatible endpoint.")] = None,
     api_key_env: Annotated[str | None, Opt(envvar="KFORGE_API_KEY_ENV", help="Variable holding the key.")] = None,
     models: Annotated[str | None, Opt(help="Comma-separated model names.")] = None,
@@ -232,7 +244,13 @@ def grid(
     file_settings = _read_config_file(config_file) if config_file else {}
     settings = _merged_settings(
         file_settings,
-        {"suite": suite, "backend": backend, "results_dir": results, "cache_dir": cache},
+        {
+            "suite": suite,
+            "backend": backend,
+            "results_dir": results,
+            "cache_dir": cache,
+            "parallel_problems": parallel_problems,
+        },
         {"base_url": base_url, "api_key_env": api_key_env},
     )
     base = _config_or_fail(**settings)

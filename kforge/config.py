@@ -46,6 +46,11 @@ class RunConfig(BaseModel):
         None, description="Show the agent the working kernel from kernels_ref/<this backend>/ (cross-platform)"
     )
     performance_agent: bool = Field(False, description="After each correct kernel, ask agent G for one optimization")
+    soft_check: bool = Field(
+        False,
+        description="Ask the model whether a correct kernel still computes the whole reference function "
+        "with native kernel code only (recorded beside the outcome, never changing it)",
+    )
     results_dir: str = Field("data/results", description="Where the Parquet datasets are appended")
     cache_dir: str = Field(str(DEFAULT_CACHE), description="Compiled kernels and inductor cache")
     size_preset: str | None = Field(None, description="Problem SIZE_PRESETS entry; default 'gpu' on GPU backends")
@@ -67,6 +72,12 @@ class RunConfig(BaseModel):
         description="Workers started ahead of need (torch imported, CUDA ready); 0: start each on demand; "
         "default 2 on GPU backends, 0 on cpu (a starting interpreter would share the cores with CPU timing)",
     )
+    parallel_problems: int | None = Field(
+        None,
+        ge=1,
+        description="Problems evaluated at once (GPU stages still take the GPU one at a time); "
+        "default min(8, CPU cores) on GPU backends, 1 on cpu (CPU timing must not share the cores)",
+    )
 
     @model_validator(mode="after")
     def _resolve_agent(self) -> RunConfig:
@@ -83,6 +94,11 @@ class RunConfig(BaseModel):
         if self.worker_pool is not None:
             return self.worker_pool
         return 2 if self.backend in ("cuda", "triton") else 0
+
+    def effective_parallel_problems(self) -> int:
+        if self.parallel_problems is not None:
+            return self.parallel_problems
+        return min(8, os.cpu_count() or 1) if self.backend in ("cuda", "triton") else 1
 
     def seeds(self, purpose: str, count: int) -> list[int]:
         """Distinct seeds per purpose ('verify', 'time'), never the ones a problem file uses itself."""

@@ -1,6 +1,8 @@
 """run-suite through a real ephemeral Prefect server: results land in Parquet, and a rerun after a
 mid-run failure replays finished stages from Prefect's cache instead of recomputing them."""
 
+import contextlib
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -8,12 +10,20 @@ import pandas as pd
 import pytest
 from prefect import tags
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterTags
-from prefect.client.schemas.sorting import TaskRunSort
+from prefect.client.schemas.filters import (
+    FlowFilter,
+    FlowFilterName,
+    FlowRunFilter,
+    FlowRunFilterTags,
+    TaskRunFilter,
+    TaskRunFilterTags,
+)
+from prefect.client.schemas.sorting import FlowRunSort, TaskRunSort
 from tests_flows_helpers import retry_flow_run
 
 from flows.suite import run_suite
 from kforge import results
+from tasks import isolate
 
 SMOKE = Path(__file__).resolve().parents[2] / "data" / "problems" / "smoke"
 
@@ -111,3 +121,54 @@ def test_problem_without_kernel_and_broken_reference(prefect_server, tmp_path, c
     assert (row["problem_id"], row["outcome"], row["error_class"]) == ("7_no_kernel", "generation_failed", "no_code")
     assert "no reference kernel for 7_no_kernel" in row["error_excerpt"]
     assert pd.isna(row["eager_ms"])  # nothing to compare: the reference was never timed
+
+
+def test_parallel_problems_overlap_and_timing_runs_alone(prefect_server, tmp_path, config, monkeypatch):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name in ("1_gelu", "1_matmul"):  # CPU kernels without drafts: one correct candidate each
+        (suite / f"{name}.py").write_text((SMOKE / f"{name}.py").read_text() + "\n# parallel problems\n")
+    held = []  # (mode, entered, left) of every worker stage while it held its device slot
+    device_slot = isolate._device_slot
+
+    @contextlib.contextmanager
+    def recorded_slot(request):
+        with device_slot(request):
+            entered = time.monotonic()
+            try:
+                yield
+            finally:
+                held.append((request["mode"], entered, time.monotonic()))
+
+    monkeypatch.setattr(isolate, "_device_slot", recorded_slot)
+    results_dir = tmp_path / "results"
+    run_config = config.model_copy(
+        update={"suite": str(suite), "results_dir": str(results_dir), "iterations": 0, "parallel_problems": 2}
+    )
+    with tags("parallel-problems"):
+        summary = run_suite(run_config)
+
+    assert summary["outcomes"] == {"correct": 2} and not summary["failed_problems"]
+    with get_client(sync_client=True) as client:
+        subflows = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["synthesize-problem"])),
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["parallel-problems"])),
+            sort=FlowRunSort.START_TIME_ASC,
+            limit=10,
+        )
+    assert sorted(run.name for run in subflows) == ["1_gelu", "1_matmul"]
+    first, second = subflows
+    assert second.start_time < first.end_time  # the second problem started before the first ended
+
+    attempts = results.load("attempts", results_dir)
+    assert sorted(zip(attempts["problem_id"], attempts["outcome"])) == [
+        ("1_gelu", "correct"),
+        ("1_matmul", "correct"),
+    ]
+    assert (attempts["runtime_ms"] > 0).all() and (attempts["eager_ms"] > 0).all()
+    # On the cpu backend nothing else holds a worker while a candidate or a baseline is timed.
+    timed = [stage for stage in held if stage[0] in isolate.TIMING_MODES]
+    assert len(timed) == 4  # a baseline and a candidate per problem
+    for stage in timed:
+        beside = [other for other in held if other is not stage and other[1] < stage[2] and stage[1] < other[2]]
+        assert not beside, f"{stage[0]} shared the cores with {beside}"
