@@ -32,7 +32,7 @@ from torch.utils.cpp_extension import load_inline
 
 from kforge.config import RunConfig
 from tasks.harness.cpu import compile_cpp, load_cpp, toolchain_version
-from tasks.isolate import evaluate_in_worker
+from tasks.judge import evaluate_in_worker
 
 KERNEL_BODY = r"""
 #include <cmath>

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from kforge.config import RunConfig
-from tasks.isolate import evaluate_in_worker
+from tasks.judge import evaluate_in_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SPREAD = 0.02

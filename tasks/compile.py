@@ -14,7 +14,7 @@ from prefect import task
 
 from kforge.config import RunConfig
 from tasks.caching import content_key, file_digest, retry_on_infrastructure, source_hash
-from tasks.isolate import evaluate_in_worker
+from tasks.judge import evaluate_in_worker
 from tasks.precheck import precheck
 from tasks.problems import Problem
 

@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kforge.config import RunConfig
 from kforge.results import OUTCOMES
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +60,7 @@ class Limits:
     wall_s: float = 120.0
     cpu_s: int = 600
     memory_mb: int | None = 8192  # address space; None where a CUDA context's reservations forbid it
+    file_mb: int | None = 4096  # largest file the worker may write (outputs, kernels): the disk stays usable
 
 
 def _worker_env(kernel_cache: Path, threads: int | None) -> dict[str, str]:
@@ -232,13 +233,58 @@ def worker_pool(size: int) -> WorkerPool | None:
 
 _pool_lock = threading.Lock()
 TIMING_MODES = ("time", "baseline")
-GPU_MODES = ("verify", "time", "baseline")
+GPU_MODES = ("reference", "verify", "time", "baseline")  # every stage that runs on the device
 # One GPU stage at a time per process (this host's GPU): compiles of other candidates run beside
 # it on the CPU cores, but two candidates never share the GPU while one of them is measured.
 _gpu_slot = threading.Lock()
 
 
+class _SharedOrAlone:
+    """Held by any number of stages at once (`shared`) or by one stage alone (`alone`); a stage
+    waiting to be alone goes first, so a stream of shared stages cannot starve it."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._sharing = 0
+        self._alone = False
+        self._waiting_alone = 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        with self._changed:
+            self._changed.wait_for(lambda: not self._alone and not self._waiting_alone)
+            self._sharing += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._sharing -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self):
+        with self._changed:
+            self._waiting_alone += 1
+            self._changed.wait_for(lambda: not self._alone and not self._sharing)
+            self._waiting_alone -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._alone = False
+                self._changed.notify_all()
+
+
+# On the cpu backend the cores are the device: a timing stage runs alone, while compiles and checks
+# of other problems may overlap one another (one lock for every cpu stage would make parallel problems
+# sequential again, and worker start-up and g++ are most of a problem's wall time).
+_cpu_cores = _SharedOrAlone()
+
+
 def _device_slot(request: dict[str, Any]):
+    if request.get("backend") == "cpu":
+        return _cpu_cores.alone() if request.get("mode") in TIMING_MODES else _cpu_cores.shared()
     on_gpu = request.get("backend") in ("cuda", "triton") and request.get("mode") in GPU_MODES
     return _gpu_slot if on_gpu else contextlib.nullcontext()
 
@@ -257,8 +303,9 @@ def run_worker(
     env = _worker_env(kernel_cache, threads)
     warm_device = "cuda" if request.get("backend") in ("cuda", "triton") else "cpu"
     timing = request.get("mode") in TIMING_MODES
-    limits_for_worker = {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb}
-    request_json = json.dumps({**request, "threads": threads, "limits": limits_for_worker})
+    limits_for_worker = {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb}
+    nonce = secrets.token_hex(16)
+    request_json = json.dumps({**request, "threads": threads, "limits": limits_for_worker, "nonce": nonce})
     with _device_slot(request):
         start = time.perf_counter()
         if pool is not None:
@@ -268,7 +315,7 @@ def run_worker(
             argv = ["{control}/request.json", "{control}/result.json"]
             worker = _start_worker(argv, env, subprocess.DEVNULL, request_json)
         try:
-            result = _run_request(worker, limits, start, waiting=pool is not None)
+            result = _run_request(worker, limits, start, waiting=pool is not None, nonce=nonce)
         finally:
             worker.control.cleanup()
             worker.work.cleanup()
@@ -277,8 +324,9 @@ def run_worker(
     return result
 
 
-def _run_request(worker: _Worker, limits: Limits, start: float, waiting: bool) -> dict[str, Any]:
-    """Let the worker go (a waiting one reads its request on "go"), wait for it, read its result."""
+def _run_request(worker: _Worker, limits: Limits, start: float, waiting: bool, nonce: str) -> dict[str, Any]:
+    """Let the worker go (a waiting one reads its request on "go"), wait for it, read its result:
+    a result without this request's nonce was written by the candidate, not by the harness."""
     result_path = worker.control_path / "result.json"
     if waiting:
         try:
@@ -302,7 +350,14 @@ def _run_request(worker: _Worker, limits: Limits, start: float, waiting: bool) -
             "error_excerpt": f"no result after {limits.wall_s:g} s\n{log}",
         }
     else:
-        result = _read_result(result_path) or _outcome_from_exit(returncode, log, limits)
+        result = _read_result(result_path)
+        if result is not None and result.pop("nonce", None) != nonce:
+            result = {
+                "outcome": "integrity_violation",
+                "error_class": "forged_result",
+                "error_excerpt": f"the result file does not carry this request's nonce: the candidate wrote it\n{log}",
+            }
+        result = result or _outcome_from_exit(returncode, log, limits)
     result["worker_s"] = worker_s
     return result
 
@@ -314,34 +369,3 @@ def _kill_session(process: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     process.wait()
-
-
-def evaluate_in_worker(
-    mode: str, problem_source: str, candidate_source: str | None, config: RunConfig
-) -> dict[str, Any]:
-    """Build the worker request for `mode` from the run's settings and run it isolated."""
-    seeds = (
-        config.seeds("time", 3) if mode in ("time", "baseline") else config.seeds("verify", config.correctness_trials)
-    )
-    request = {
-        "mode": mode,
-        "problem_source": problem_source,
-        "candidate_source": candidate_source,
-        "backend": config.backend,
-        "size_preset": config.effective_size_preset(),
-        "init_seed": config.seeds("init", 1)[0],
-        "seeds": seeds,
-        "torch_compile": config.torch_compile_baseline,
-        "allow_library_calls": config.allow_library_calls,
-        "timing": {
-            "warmup_runs": config.warmup_runs,
-            "min_runs": config.min_timed_runs,
-            "max_runs": config.max_timed_runs,
-            "budget_s": config.timing_budget_s,
-        },
-    }
-    wall_s = config.compile_timeout_s if mode in ("compile", "baseline") else config.run_timeout_s
-    memory_mb = config.memory_limit_mb if config.backend == "cpu" else None
-    limits = Limits(wall_s=wall_s, cpu_s=int(wall_s * 4) + 10, memory_mb=memory_mb)
-    pool = worker_pool(config.effective_worker_pool())
-    return run_worker(request, limits, Path(config.cache_dir) / "kernels", config.threads, pool)

@@ -13,7 +13,7 @@ from prefect import task
 
 from kforge.config import RunConfig
 from tasks.caching import content_key, retry_on_infrastructure, source_hash
-from tasks.isolate import evaluate_in_worker
+from tasks.judge import TIMING_INPUT_SETS, evaluate_in_worker
 from tasks.problems import Problem
 
 
@@ -21,7 +21,7 @@ def _timing_settings(config: RunConfig) -> list[Any]:
     return [
         config.backend,
         config.effective_size_preset(),
-        config.seeds("time", 3),
+        config.seeds("time", TIMING_INPUT_SETS),
         config.warmup_runs,
         config.min_timed_runs,
         config.max_timed_runs,

@@ -7,8 +7,10 @@ attempt task is cached by its attempt id: rerunning a failed flow run does not w
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -110,6 +112,11 @@ def attempt_row(
         "analysis_error": None,
         "analysis_tokens_in": 0,
         "analysis_tokens_out": 0,
+        "soft_check": None,  # filled in by tasks/softcheck.py when the run asks for it
+        "soft_check_reason": None,
+        "soft_check_error": None,
+        "soft_check_tokens_in": 0,
+        "soft_check_tokens_out": 0,
         "created_at": datetime.now(timezone.utc),
     }
 
@@ -118,7 +125,8 @@ def _record_key(_context: Any, parameters: dict[str, Any]) -> str:
     # The attempt and what it produced: a retried run that redoes an attempt (an endpoint that was
     # down) writes the new row, which `results.load` prefers; a replayed attempt is not written twice.
     row = parameters["row"]
-    decided = json.dumps([row["outcome"], row["error_class"], row["source_hash"], row.get("recommendation")])
+    verdicts = [row.get("recommendation"), row.get("soft_check"), row.get("soft_check_error")]
+    decided = json.dumps([row["outcome"], row["error_class"], row["source_hash"], *verdicts])
     return f"record-{row['attempt_id']}-{hashlib.sha256(decided.encode()).hexdigest()[:16]}"
 
 
@@ -143,6 +151,23 @@ def _command_output(*command: str) -> str | None:
         return None
 
 
+def _cuda_versions() -> dict[str, str | None]:
+    """The CUDA version torch was built with (its version.py, read without importing torch) and the
+    newest CUDA the driver supports (nvidia-smi's header)."""
+    runtime = None
+    spec = importlib.util.find_spec("torch")
+    if spec and spec.origin:
+        version_file = Path(spec.origin).parent / "version.py"
+        found = (
+            re.search(r"^cuda(?:: [^=]+)? = '([^']+)'", version_file.read_text(), re.M)
+            if version_file.exists()
+            else None
+        )
+        runtime = found.group(1) if found else None
+    driver = re.search(r"CUDA Version: ([0-9.]+)", _command_output("nvidia-smi") or "")
+    return {"cuda_runtime": runtime, "cuda_driver_supports": driver.group(1) if driver else None}
+
+
 def host_facts() -> dict[str, Any]:
     """Host, GPU, driver and toolchain versions for the `runs` table (no torch import here)."""
     gpu = _command_output("nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader")
@@ -157,6 +182,7 @@ def host_facts() -> dict[str, Any]:
                 "gxx": toolchain_version(),
                 "nvcc": nvcc_version(),
                 "gpu_clocks_at_start": gpu.splitlines()[0] if gpu else None,
+                **(_cuda_versions() if gpu else {"cuda_runtime": None, "cuda_driver_supports": None}),
                 "fingerprint": toolchain_fingerprint(),
             }
         ),

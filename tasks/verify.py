@@ -8,7 +8,7 @@ from prefect import task
 
 from kforge.config import RunConfig
 from tasks.caching import content_key, retry_on_infrastructure, source_hash
-from tasks.isolate import evaluate_in_worker
+from tasks.judge import evaluate_in_worker
 from tasks.problems import Problem
 
 

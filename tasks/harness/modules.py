@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 BACKEND_DEVICES = {"cpu": "cpu", "cuda": "cuda", "triton": "cuda"}
+_cuda_synchronize = torch.cuda.synchronize  # bound before any candidate can replace it
 
 
 def device_for(backend: str, compile_only: bool = False) -> torch.device:
@@ -52,21 +53,16 @@ def make_inputs(problem: types.ModuleType, seed: int, device: torch.device) -> l
     return to_device(inputs, device)
 
 
-def build_models(
-    problem: types.ModuleType, candidate: types.ModuleType | None, init_seed: int, device: torch.device
-) -> tuple[torch.nn.Module, torch.nn.Module | None]:
-    """Reference Model and candidate ModelNew built from the same init inputs and the same seed,
-    so parameters created in the same order are identical."""
+def build_model(problem: types.ModuleType, model_class: type, init_seed: int, device: torch.device) -> torch.nn.Module:
+    """`model_class` (the reference Model or the candidate's ModelNew) built from the problem's init
+    inputs under `init_seed`: both get the same seed, so parameters created in the same order are
+    identical, whichever process builds them."""
     torch.manual_seed(init_seed)
     init_inputs = list(problem.get_init_inputs())
     torch.manual_seed(init_seed)
-    reference = problem.Model(*init_inputs).to(device)
-    if candidate is None:
-        return reference, None
-    torch.manual_seed(init_seed)
-    return reference, candidate.ModelNew(*init_inputs).to(device)
+    return model_class(*init_inputs).to(device)
 
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
-        torch.cuda.synchronize()
+        _cuda_synchronize()

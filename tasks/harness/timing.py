@@ -13,6 +13,13 @@ third event after a device-wide synchronize: `sync_gap_ms`, the median of (synch
 stream end) less the same gap measured on an empty call (the host's own latency), is about zero
 for an honest kernel and the side stream's work for one that hides it.
 Elsewhere the clock is `time.perf_counter` around run + synchronize.
+
+Every run reads the same input tensors, refilled before it (outside the window) with the next of
+the rotating input sets: a candidate that remembers its output by input pointer or shape
+(INTEGRITY.md row 3) hands back the previous run's result, which the check of the last timed output
+catches. The clock functions are bound here, at import, before any candidate module exists, so a
+candidate that replaces `time.perf_counter` or `torch.cuda.Event.elapsed_time` changes nothing this
+module calls (INTEGRITY.md row 9; the worker also refuses such a candidate, see harness/guard.py).
 """
 
 from __future__ import annotations
@@ -26,6 +33,14 @@ from typing import Any
 import torch
 
 from tasks.harness.modules import synchronize
+
+_clock = time.perf_counter
+_Event = torch.cuda.Event
+_record = torch.cuda.Event.record
+_elapsed_time = torch.cuda.Event.elapsed_time
+_event_synchronize = torch.cuda.Event.synchronize
+_device_synchronize = torch.cuda.synchronize
+_spin = torch.cuda._sleep
 
 # Bigger than the last-level cache of the CPUs and GPUs we run on (H100 L2 is 50 MB).
 FLUSH_BYTES = 64 * 1024 * 1024
@@ -64,12 +79,17 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
 def time_callable(
     fn: Callable[..., Any], input_sets: list[list[Any]], device: torch.device, config: TimingConfig
 ) -> Timing:
-    """Time `fn(*inputs)` over rotating `input_sets` with the protocol above."""
+    """Time `fn(*inputs)` with the protocol above: warm-up and timed runs rotate over all but the last
+    of `input_sets`; the last timed run gets the last set, which no earlier call has seen, and its
+    output is `last_output` (a candidate that replays an earlier result cannot pass that check)."""
+    rotation = input_sets[:-1] if len(input_sets) > 1 else input_sets
     flush_buffer = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+    live_inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in input_sets[0]]
     output = None
     with torch.no_grad():
         for run in range(config.warmup_runs):
-            output = fn(*input_sets[run % len(input_sets)])
+            _refill(live_inputs, rotation[run % len(rotation)])
+            output = fn(*live_inputs)
         synchronize(device)
         # The host's own latency between a finished stream and a device-wide synchronize, measured
         # the same way on an empty call, is taken off each run's gap (20 to 70 us on an H100 host).
@@ -77,21 +97,22 @@ def time_callable(
         times_ms: list[float] = []
         gaps_ms: list[float] = []
         spent_s = 0.0
-        index = 0
         for run in range(config.max_runs):
-            if run >= config.min_runs and spent_s >= config.budget_s:
-                break
-            index = run % len(input_sets)
+            last = run == config.max_runs - 1 or (run >= config.min_runs - 1 and spent_s >= config.budget_s)
+            index = len(input_sets) - 1 if last else run % len(rotation)
             output = None  # free the previous output before the next run allocates its own
+            _refill(live_inputs, input_sets[index])
             synchronize(device)
             flush_buffer.fill_(float(run))
             if device.type == "cuda":
-                elapsed_ms, gap_ms, output = _time_one_cuda(fn, input_sets[index])
+                elapsed_ms, gap_ms, output = _time_one_cuda(fn, live_inputs)
                 gaps_ms.append(gap_ms)
             else:
-                elapsed_ms, output = _time_one_host(fn, input_sets[index], device)
+                elapsed_ms, output = _time_one_host(fn, live_inputs, device)
             times_ms.append(elapsed_ms)
             spent_s += elapsed_ms / 1000
+            if last:
+                break
     times_ms.sort()
     return Timing(
         median_ms=statistics.median(times_ms),
@@ -104,6 +125,14 @@ def time_callable(
     )
 
 
+def _refill(live_inputs: list[Any], values: list[Any]) -> None:
+    for index, value in enumerate(values):
+        if isinstance(value, torch.Tensor):
+            live_inputs[index].copy_(value)
+        else:
+            live_inputs[index] = value
+
+
 def hidden_work_ms(timing: Timing) -> float | None:
     """The work a candidate seems to hide on side streams: `sync_gap_ms` (host latency already taken
     off) when it exceeds both 30 us and half the measured runtime."""
@@ -114,25 +143,25 @@ def hidden_work_ms(timing: Timing) -> float | None:
 def _idle_gap_ms(samples: int = 7) -> float:
     gaps = []
     for _ in range(samples):
-        torch.cuda.synchronize()
+        _device_synchronize()
         gaps.append(_time_one_cuda(lambda: None, [])[1])
     return statistics.median(gaps)
 
 
 def _time_one_cuda(fn: Callable[..., Any], inputs: list[Any]) -> tuple[float, float, Any]:
-    start, end, synchronized_end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-    torch.cuda._sleep(LAUNCH_COVER_CYCLES)
-    start.record()
+    start, end, synchronized_end = (_Event(enable_timing=True) for _ in range(3))
+    _spin(LAUNCH_COVER_CYCLES)
+    _record(start)
     output = fn(*inputs)
-    end.record()
-    torch.cuda.synchronize()  # whole device, side streams included
-    synchronized_end.record()
-    synchronized_end.synchronize()
-    return start.elapsed_time(end), end.elapsed_time(synchronized_end), output
+    _record(end)
+    _device_synchronize()  # whole device, side streams included
+    _record(synchronized_end)
+    _event_synchronize(synchronized_end)
+    return _elapsed_time(start, end), _elapsed_time(end, synchronized_end), output
 
 
 def _time_one_host(fn: Callable[..., Any], inputs: list[Any], device: torch.device) -> tuple[float, Any]:
-    start_s = time.perf_counter()
+    start_s = _clock()
     output = fn(*inputs)
     synchronize(device)
-    return (time.perf_counter() - start_s) * 1000, output
+    return (_clock() - start_s) * 1000, output

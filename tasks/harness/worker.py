@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from tasks.harness import modules
-from tasks.harness.checks import compare_outputs, first_error_stats
+from tasks.harness import guard, modules
+from tasks.harness.checks import as_tensor_list
 from tasks.harness.cpu import CompileError
 from tasks.harness.dispatch import library_calls, record_ops
 from tasks.harness.timing import TimingConfig, hidden_work_ms, time_callable
@@ -79,17 +79,32 @@ def _load_candidate(request: dict[str, Any], workdir: Path):
     return candidate
 
 
-def _setup(request: dict[str, Any], workdir: Path, with_candidate: bool, compile_only: bool = False):
+def _setup_reference(request: dict[str, Any], workdir: Path):
+    """Device, problem module and reference Model; no candidate code in this process."""
+    device = modules.device_for(request["backend"])
+    problem = modules.load_module(request["problem_source"], "problem", workdir, request.get("size_preset"))
+    return device, problem, modules.build_model(problem, problem.Model, request["init_seed"], device)
+
+
+def _setup_candidate(request: dict[str, Any], workdir: Path, compile_only: bool = False):
+    """Device, problem module and the candidate's ModelNew (the reference Model is never run here:
+    its outputs come from a separate reference worker, so none are left in this process's memory,
+    INTEGRITY.md row 5). Harness bindings are checked after the candidate's import and __init__."""
     device = modules.device_for(request["backend"], compile_only)
     problem = modules.load_module(request["problem_source"], "problem", workdir, request.get("size_preset"))
-    candidate = _load_candidate(request, workdir) if with_candidate else None
-    if candidate is None:
-        reference, _ = modules.build_models(problem, None, request["init_seed"], device)
-        return device, problem, reference, None
-    reference, model_new = _run_candidate_code(
-        "init", modules.build_models, problem, candidate, request["init_seed"], device
+    bindings = guard.snapshot()
+    candidate = _load_candidate(request, workdir)
+    model_new = _run_candidate_code(
+        "init", modules.build_model, problem, candidate.ModelNew, request["init_seed"], device
     )
-    return device, problem, reference, model_new
+    _check_harness(bindings, "import")
+    return device, problem, model_new, bindings
+
+
+def _check_harness(bindings: dict, stage: str) -> None:
+    if changed := guard.patched(bindings):
+        excerpt = f"the candidate replaced {', '.join(changed[:8])} during {stage}"
+        raise Outcome("integrity_violation", "harness_patched", excerpt)
 
 
 def _check_output_tensors(output: Any, device: torch.device) -> None:
@@ -104,19 +119,32 @@ def _check_output_tensors(output: Any, device: torch.device) -> None:
 
 
 def _to_host(output: Any) -> Any:
-    return _to(output, torch.device("cpu"))
-
-
-def _to(output: Any, device: torch.device) -> Any:
     if isinstance(output, (tuple, list)):
-        return [o.detach().to(device) if isinstance(o, torch.Tensor) else o for o in output]
-    return output.detach().to(device) if isinstance(output, torch.Tensor) else output
+        return type(output)(o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in output)
+    return output.detach().cpu() if isinstance(output, torch.Tensor) else output
+
+
+def _save_output(output: Any, path: Path, reference_bytes: int) -> str:
+    """Write the candidate's output (tensors only, on the host) for the parent to compare; refuse
+    anything that is not a tensor or a tuple/list of tensors, or far larger than the reference's
+    (twice as large is a dtype mismatch the parent names; much more would only fill the disk)."""
+    tensors = output if isinstance(output, (tuple, list)) else [output]
+    for index, tensor in enumerate(tensors):
+        if type(tensor) is not torch.Tensor:
+            report = f"output {index} is {type(tensor).__name__}, not torch.Tensor"
+            raise Outcome("integrity_violation", "not_a_tensor", report)
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    if size > 2 * reference_bytes + (1 << 20):
+        excerpt = f"the output holds {size} bytes; the reference's {reference_bytes}"
+        raise Outcome("shape_mismatch", "output_size", excerpt)
+    torch.save(_to_host(output), path)
+    return path.name
 
 
 def run_compile(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """Import the candidate (its module-level compiles run here) and construct ModelNew."""
     start = time.perf_counter()
-    _setup(request, workdir, with_candidate=True, compile_only=True)
+    _setup_candidate(request, workdir, compile_only=True)
     return {"outcome": "correct", "compile_s": time.perf_counter() - start}
 
 
@@ -136,48 +164,69 @@ def poisoned_allocations():
         torch._C._set_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
+def run_reference(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Trusted (no candidate code): the reference's outputs for every verify and timing seed, on the
+    host, written to files in `expected_dir` for the parent to judge candidates against; returned: what the
+    candidate's own checks need (the ops the reference dispatches, whether it returns an input, the
+    output size)."""
+    try:
+        device, problem, reference = _setup_reference(request, workdir)
+        with torch.no_grad():
+            verify_outputs = []
+            for trial, seed in enumerate(request["seeds"]):
+                inputs = modules.make_inputs(problem, seed, device)
+                if trial == 0:
+                    output, reference_ops = record_ops(reference, *inputs)
+                    reference_aliases = _aliases_an_input(output, inputs)
+                else:
+                    output = reference(*inputs)
+                verify_outputs.append(_to_host(output))
+            time_outputs = [
+                _to_host(reference(*modules.make_inputs(problem, seed, device))) for seed in request["time_seeds"]
+            ]
+    except Exception as exc:  # the problem itself is broken: no candidate can be judged against it
+        raise Outcome("runtime_error", "reference_failed", _excerpt("".join(traceback.format_exception(exc)))) from None
+    expected_dir = Path(request["expected_dir"])
+    for trial, output in enumerate(verify_outputs):
+        torch.save(output, expected_dir / f"verify_{trial}.pt")
+    for index, output in enumerate(time_outputs):
+        torch.save(output, expected_dir / f"time_{index}.pt")
+    sizes = [sum(t.numel() * t.element_size() for t in as_tensor_list(o)) for o in verify_outputs]
+    return {
+        "outcome": "correct",
+        "reference_ops": sorted(reference_ops),
+        "reference_aliases": reference_aliases,
+        "output_bytes": max(sizes),
+    }
+
+
 def run_verify(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """Correctness over several trials, each with fresh inputs from a seed the candidate never saw."""
-    device, problem, reference, model_new = _setup(request, workdir, with_candidate=True)
-    trial_inputs, expected_outputs = [], []
+    """The candidate on several trials, each with fresh inputs from a seed it never saw; each output
+    goes to a file the parent compares with the reference's. Checked here, where only the process
+    that ran it can see: the ops it dispatched, its inputs left unchanged, no input handed back."""
+    device, problem, model_new, bindings = _setup_candidate(request, workdir)
+    outputs_dir = Path(request["outputs_dir"])
+    saved = []
     with torch.no_grad():
-        # All reference outputs first, moved off the device, so the candidate cannot find them
-        # in memory the reference freed (INTEGRITY.md row 5).
-        for trial, seed in enumerate(request["seeds"]):
-            inputs = modules.make_inputs(problem, seed, device)
-            if trial == 0:
-                expected, reference_ops = record_ops(reference, *inputs)
-                reference_aliases = _aliases_an_input(expected, inputs)
-            else:
-                expected = reference(*inputs)
-            expected_outputs.append(_to_host(expected))
-            trial_inputs.append(inputs)
+        trial_inputs = [modules.make_inputs(problem, seed, device) for seed in request["seeds"]]
         modules.synchronize(device)
-        del reference
-        stats = {"max_abs_err": 0.0, "max_rel_err": 0.0}
-        atol = rtol = 0.0
-        for trial, (inputs, expected) in enumerate(zip(trial_inputs, expected_outputs)):
+        for trial, inputs in enumerate(trial_inputs):
             inputs_before = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
             with poisoned_allocations():
                 if trial == 0:
                     output, candidate_ops = _run_candidate_code("forward", record_ops, model_new, *inputs)
-                    _check_library_calls(request, reference_ops, candidate_ops)
+                    _check_library_calls(request, set(request["reference_ops"]), candidate_ops)
                 else:
                     output = _run_candidate_code("forward", model_new, *inputs)
                 modules.synchronize(device)
+            _check_harness(bindings, "forward")
             _check_inputs_unchanged(inputs_before, inputs)
             _check_output_tensors(output, device)
-            if _aliases_an_input(output, inputs) and not reference_aliases:
+            if _aliases_an_input(output, inputs) and not request["reference_aliases"]:
                 excerpt = "ModelNew.forward returned (a view of) one of its inputs; the reference returns new memory"
                 raise Outcome("integrity_violation", "returns_input", excerpt)
-            # The candidate has finished: the reference comes back to the device for the comparison.
-            expected = _to(expected, device)
-            mismatch, atol, rtol = compare_outputs(expected, output)
-            if mismatch:
-                raise Outcome(mismatch.outcome, mismatch.error_class, mismatch.report)
-            trial_stats = first_error_stats(expected, output)
-            stats = {key: max(stats[key], trial_stats[key]) for key in stats}
-    return {"outcome": "correct", "trials": len(trial_inputs), "atol": atol, "rtol": rtol, **stats}
+            saved.append(_save_output(output, outputs_dir / f"verify_{trial}.pt", request["output_bytes"]))
+    return {"outcome": "correct", "trials": len(trial_inputs), "outputs": saved}
 
 
 def _aliases_an_input(output: Any, inputs: list[Any]) -> bool:
@@ -203,18 +252,17 @@ def _check_inputs_unchanged(before: list[Any], after: list[Any]) -> None:
 
 
 def _timing_inputs(request: dict[str, Any], problem, device) -> list[list[Any]]:
-    return [modules.make_inputs(problem, seed, device) for seed in request["seeds"]]
+    return [modules.make_inputs(problem, seed, device) for seed in request["time_seeds"]]
 
 
 def run_time(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """Time the candidate; then check the output of its last timed call (INTEGRITY.md row 3)."""
-    device, problem, reference, model_new = _setup(request, workdir, with_candidate=True)
+    """Time the candidate; its last timed output goes to a file the parent checks against the
+    reference's output for the same inputs (INTEGRITY.md row 3)."""
+    device, problem, model_new, bindings = _setup_candidate(request, workdir)
     input_sets = _timing_inputs(request, problem, device)
-    with torch.no_grad():
-        expected_outputs = [_to_host(reference(*inputs)) for inputs in input_sets]
-    del reference
     config = TimingConfig(**request.get("timing", {}))
     timing = _run_candidate_code("timing", time_callable, model_new, input_sets, device, config)
+    _check_harness(bindings, "timing")
     if (hidden_ms := hidden_work_ms(timing)) is not None:
         excerpt = (
             f"the device stayed busy {hidden_ms:.3f} ms after the timed stream finished (measured "
@@ -222,11 +270,7 @@ def run_time(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
         )
         raise Outcome("integrity_violation", "side_stream", excerpt)
     _check_output_tensors(timing.last_output, device)
-    expected = _to(expected_outputs[timing.last_input_index], device)
-    mismatch, _, _ = compare_outputs(expected, timing.last_output)
-    if mismatch:
-        excerpt = f"the output of the last timed call is wrong: {mismatch.report}"
-        raise Outcome("integrity_violation", "last_timed_output", excerpt)
+    saved = _save_output(timing.last_output, Path(request["outputs_dir"]) / "last_timed.pt", request["output_bytes"])
     return {
         "outcome": "correct",
         "runtime_ms": timing.median_ms,
@@ -234,13 +278,15 @@ def run_time(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
         "runtime_p90_ms": timing.p90_ms,
         "timed_runs": timing.runs,
         "sync_gap_ms": timing.sync_gap_ms,
+        "last_input_index": timing.last_input_index,
+        "outputs": [saved],
     }
 
 
 def run_baseline(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """Time the reference eagerly and under torch.compile with the same protocol."""
     try:
-        device, problem, reference, _ = _setup(request, workdir, with_candidate=False)
+        device, problem, reference = _setup_reference(request, workdir)
         input_sets = _timing_inputs(request, problem, device)
         config = TimingConfig(**request.get("timing", {}))
         eager = time_callable(reference, input_sets, device, config)
@@ -264,7 +310,14 @@ def run_baseline(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     return result
 
 
-MODES = {"compile": run_compile, "verify": run_verify, "time": run_time, "baseline": run_baseline}
+CANDIDATE_MODES = ("compile", "verify", "time")
+MODES = {
+    "compile": run_compile,
+    "reference": run_reference,
+    "verify": run_verify,
+    "time": run_time,
+    "baseline": run_baseline,
+}
 
 
 def evaluate(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
@@ -291,6 +344,9 @@ def apply_limits(limits: dict[str, Any]) -> None:
     memory_mb = limits.get("memory_mb")
     if memory_mb:
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    file_mb = limits.get("file_mb")
+    if file_mb:  # no single file past this: a candidate cannot fill the disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
 
 
 def isolate_network() -> bool:
@@ -335,12 +391,16 @@ def main(argv: list[str]) -> int:
     else:
         request_path, result_path = Path(argv[1]), Path(argv[2])
     request = json.loads(request_path.read_text())
+    # The nonce proves the result was written by this harness code: the request file is gone before
+    # any candidate code runs, and the nonce lives on only in this frame, which candidates cannot
+    # reach (the pre-check refuses frame and gc introspection).
+    request_path.unlink(missing_ok=True)
+    nonce = request.pop("nonce", None)
     apply_limits(request.get("limits", {}))
-    # The reference alone (baseline) keeps the network: torch.compile's workers may need loopback.
-    # GPU backends too, until a network namespace has been tried beside a CUDA context on a GPU host.
-    wants_isolation = request["mode"] != "baseline" and request.get("backend") == "cpu"
-    network_isolated = isolate_network() if wants_isolation else False
-    result = {**evaluate(request, Path.cwd()), "network_isolated": network_isolated}
+    # The reference alone (reference, baseline) keeps the network: torch.compile's workers may need
+    # loopback. A standby GPU worker made its CUDA context first; the namespace does not disturb it.
+    network_isolated = isolate_network() if request["mode"] in CANDIDATE_MODES else False
+    result = {**evaluate(request, Path.cwd()), "network_isolated": network_isolated, "nonce": nonce}
     partial = result_path.with_suffix(".partial")
     partial.write_text(json.dumps(result))
     os.replace(partial, result_path)

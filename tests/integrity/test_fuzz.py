@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kforge.results import OUTCOMES
-from tasks.isolate import evaluate_in_worker
+from tasks.judge import evaluate_in_worker
 from tasks.precheck import precheck
 
 PROBLEM = (Path(__file__).resolve().parents[2] / "data" / "problems" / "smoke" / "1_relu.py").read_text()

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.isolate import evaluate_in_worker
+from tasks.judge import evaluate_in_worker
 
 pytestmark = [
     pytest.mark.gpu,
@@ -50,3 +50,49 @@ def test_work_hidden_on_a_side_stream_is_caught_and_the_honest_twin_is_timed(con
     hidden = evaluate_in_worker("time", PROBLEM, relu_candidate(on_side_stream=True), gpu)
     assert (hidden["outcome"], hidden["error_class"]) == ("integrity_violation", "side_stream"), hidden
     assert "escapes the timing window" in hidden["error_excerpt"]
+
+
+HONEST = (ROOT / "kernels_ref" / "cuda" / "1_relu.py").read_text()
+# Row 5: an output buffer the kernel never writes, in the hope that it holds the reference's result
+# from memory the reference freed. The reference runs in another process, and fresh memory reads NaN.
+UNWRITTEN = HONEST.replace("lib.relu(x, y, x.numel())", "pass")
+# Row 11: a kernel that writes 4 TiB past its output: an illegal address that kills the CUDA context.
+ILLEGAL_ADDRESS = HONEST.replace("if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;", "if (i < n) y[i + (1LL << 40)] = x[i];")
+
+
+def test_output_left_to_freed_memory_is_caught(config):
+    gpu = config.model_copy(update={"backend": "cuda"})
+    caught = evaluate_in_worker("verify", PROBLEM, UNWRITTEN, gpu)
+    assert (caught["outcome"], caught["error_class"]) == ("numerical_mismatch", "nonfinite"), caught
+
+
+def test_illegal_address_takes_down_only_its_worker(config):
+    gpu = config.model_copy(update={"backend": "cuda"})
+    crashed = evaluate_in_worker("verify", PROBLEM, ILLEGAL_ADDRESS, gpu)
+    assert crashed["outcome"] == "runtime_error", crashed
+    assert "illegal" in crashed["error_excerpt"].lower(), crashed["error_excerpt"]
+
+    honest = evaluate_in_worker("verify", PROBLEM, HONEST, gpu)  # the next candidate: a clean worker
+    assert honest["outcome"] == "correct", honest
+
+
+def test_gpu_candidates_have_no_network_beside_their_cuda_context(config):
+    """INTEGRITY.md row 10 on a GPU worker: the standby worker made its CUDA context before the
+    network namespace, and the kernel still runs; a connection to the orchestrator's host fails."""
+    import socket
+
+    gpu = config.model_copy(update={"backend": "cuda"})
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        phone_home = HONEST.replace(
+            "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n",
+            "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n        import socket\n"
+            f"        try:\n            socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
+            "            raise RuntimeError('reached the orchestrator over the network')\n"
+            "        except OSError:\n            pass\n",
+        )
+        result = evaluate_in_worker("verify", PROBLEM, phone_home, gpu)
+    assert result["network_isolated"] is True, result
+    assert result["outcome"] == "correct", result

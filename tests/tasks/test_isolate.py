@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.isolate import evaluate_in_worker, worker_pool
+from tasks.isolate import worker_pool
+from tasks.judge import evaluate_in_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = (ROOT / "data" / "problems" / "smoke" / "1_relu.py").read_text()
@@ -17,10 +18,9 @@ POISONER = textwrap.dedent(
     import os, signal, torch
     import torch.nn as nn
 
-    torch.relu = lambda x: x * 0
-
     class ModelNew(nn.Module):
         def forward(self, x):
+            torch.relu = lambda x: x * 0
             os.kill(os.getpid(), signal.SIGSEGV)
     """
 )

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.isolate import evaluate_in_worker
+from tasks.judge import evaluate_in_worker
 
 pytestmark = [
     pytest.mark.gpu,

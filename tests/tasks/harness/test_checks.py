@@ -153,3 +153,27 @@ def test_a_list_is_not_a_tensor_and_a_tensor_is_not_a_tuple():
     )
     as_tensor, _, _ = compare_outputs((values,), values.clone())
     assert (as_tensor.outcome, as_tensor.error_class) == ("shape_mismatch", "output_structure")
+
+
+def _round_mantissa(values: torch.Tensor, kept_bits: int) -> torch.Tensor:
+    """float32 values rounded to `kept_bits` mantissa bits (10: TF32, 7: bf16)."""
+    dropped = 23 - kept_bits
+    bits = values.view(torch.int32)
+    return ((bits + (1 << (dropped - 1))) & ~((1 << dropped) - 1)).view(torch.float32)
+
+
+def test_a_long_sum_in_another_order_passes_and_reduced_precision_does_not():
+    # 64x64 outputs of a K=4096 product: values about 64, many elements cancel to near zero.
+    generator = torch.Generator().manual_seed(5)
+    a, b = torch.randn(64, 4096, generator=generator), torch.randn(4096, 64, generator=generator)
+    expected = a @ b
+    sequential = torch.zeros(64, 64)  # one product at a time: rounding grows with K, unlike BLAS
+    for p in range(0, 4096):
+        sequential += a[:, p : p + 1] * b[p : p + 1, :]
+    assert float((sequential - expected).abs().max()) > 2e-4  # beyond atol where elements are near zero
+
+    assert compare_outputs(expected, sequential)[0] is None
+    for kept_bits in (10, 7):  # TF32, bf16 inputs with float32 accumulation
+        reduced = _round_mantissa(a, kept_bits) @ _round_mantissa(b, kept_bits)
+        mismatch, _, _ = compare_outputs(expected, reduced)
+        assert mismatch is not None and mismatch.outcome == "numerical_mismatch", kept_bits

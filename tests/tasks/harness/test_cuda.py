@@ -11,7 +11,7 @@ import torch
 from kforge.kernels import CompileError, load_cuda
 from tasks.harness import cpu
 from tasks.harness.cuda import compile_cuda
-from tasks.isolate import evaluate_in_worker
+from tasks.judge import evaluate_in_worker
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH: nothing can compile CUDA")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kforge.kernels import load_cuda
-from tasks.isolate import evaluate_in_worker
+from tasks.judge import evaluate_in_worker
 
 pytestmark = [
     pytest.mark.gpu,

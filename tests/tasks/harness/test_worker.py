@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.isolate import PROJECT_ROOT, Limits, evaluate_in_worker, run_worker
+from tasks.isolate import PROJECT_ROOT, Limits, run_worker
+from tasks.judge import evaluate_in_worker
 
 PROBLEM = '''
 """y = 2x on 4096 floats."""
@@ -185,7 +186,7 @@ def test_endless_cpp_loop_times_out(config):
     assert 5 <= result["worker_s"] < 15
 
 
-def test_cpu_time_limit_is_a_timeout(config):
+def test_cpu_time_limit_is_a_timeout(config, tmp_path):
     request = {
         "mode": "verify",
         "problem_source": PROBLEM,
@@ -194,6 +195,10 @@ def test_cpu_time_limit_is_a_timeout(config):
         "size_preset": None,
         "init_seed": 3,
         "seeds": [11],
+        "reference_ops": ["relu"],
+        "reference_aliases": False,
+        "output_bytes": 4 * 4096,
+        "outputs_dir": str(tmp_path),
     }
 
     result = run_worker(request, Limits(wall_s=60, cpu_s=4), Path(config.cache_dir) / "kernels", threads=2)
