@@ -70,7 +70,7 @@ class RunConfig(BaseModel):
         None,
         ge=0,
         description="Workers started ahead of need (torch imported, CUDA ready); 0: start each on demand; "
-        "default 2 on GPU backends, 0 on cpu (a starting interpreter would share the cores with CPU timing)",
+        "default 2 on GPU backends, 1 on cpu (no spare starts or warms up while a stage is timed)",
     )
     parallel_problems: int | None = Field(
         None,
@@ -93,7 +93,7 @@ class RunConfig(BaseModel):
     def effective_worker_pool(self) -> int:
         if self.worker_pool is not None:
             return self.worker_pool
-        return 2 if self.backend in ("cuda", "triton") else 0
+        return 2 if self.backend in ("cuda", "triton") else 1
 
     def effective_parallel_problems(self) -> int:
         if self.parallel_problems is not None:

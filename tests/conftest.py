@@ -26,8 +26,7 @@ def config(session_cache) -> RunConfig:
         timing_budget_s=0.05,
         correctness_trials=2,
         base_seed=7,
-        # Workers started ahead of need: each evaluation skips the 2 s start-up. CPU runs default to
-        # none (a starting interpreter would share the cores with timing); tests time nothing that matters.
+        # Workers started ahead of need: each evaluation skips the 2 s start-up (the cpu default too).
         worker_pool=1,
     )
 
