@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +50,16 @@ ENV_ALLOWED = (
     "TRITON_CACHE_DIR",
     "NVIDIA_VISIBLE_DEVICES",
 )
+
+
+def scratch_root() -> str | None:
+    """/dev/shm where it has room (memory, not disk: outputs handed from workers to the parent reach
+    hundreds of MB per candidate), else None, the default temporary directory."""
+    shm = Path("/dev/shm")
+    try:
+        return str(shm) if shm.is_dir() and shutil.disk_usage(shm).free > 8 << 30 else None
+    except OSError:
+        return None
 
 
 class InfrastructureError(Exception):

@@ -3,9 +3,10 @@
 A candidate runs in the same process as the worker's harness code, so anything the worker decides
 a determined candidate could forge (INTEGRITY.md rows 9 and 10). The worker therefore only writes
 the candidate's outputs to files; this process, which never runs candidate code, loads them as
-plain tensors (`weights_only`: no pickled code runs) and compares them with the outputs a separate
-reference worker wrote. The verdict of `verify` and the last-timed-output check of `time` are made
-here. torch is imported on first use: an orchestrator that judges nothing never loads it.
+plain tensors (raw bytes and a JSON header, harness/tensorfile.py: no pickle, so no code runs) and
+compares them with the outputs a separate reference worker wrote. The verdict of `verify` and the
+last-timed-output check of `time` are made here. torch is imported on first use: an orchestrator
+that judges nothing never loads it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kforge.config import RunConfig
-from tasks.isolate import Limits, run_worker, worker_pool
+from tasks.isolate import Limits, run_worker, scratch_root, worker_pool
 
 # Reference outputs kept on disk for this many (problem, settings) at once, least recently used
 # first out: at GPU sizes one problem's outputs can take a few hundred MB.
@@ -31,9 +32,9 @@ TIMING_INPUT_SETS = 4
 
 
 def _load(path: Path) -> Any:
-    import torch
+    from tasks.harness import tensorfile
 
-    return torch.load(path, weights_only=True, mmap=True)
+    return tensorfile.read(path)
 
 
 def _failure(result: dict[str, Any], outcome: str, error_class: str, excerpt: str) -> dict[str, Any]:
@@ -50,16 +51,16 @@ def judge_verify(result: dict[str, Any], outputs_dir: Path, expected_dir: Path) 
     the worker called correct. Every trial the reference has must have a candidate output file."""
     from tasks.harness.checks import compare_outputs, first_error_stats
 
-    trials = sorted(expected_dir.glob("verify_*.pt"))
+    trials = sorted(expected_dir.glob("verify_*.json"))
     stats = {"max_abs_err": 0.0, "max_rel_err": 0.0}
     atol = rtol = 0.0
     for trial in range(len(trials)):
         try:
-            actual = _load(outputs_dir / f"verify_{trial}.pt")
+            actual = _load(outputs_dir / f"verify_{trial}.json")
         except Exception as exc:  # noqa: BLE001 - missing or not plain tensors: the harness did not write it
             excerpt = f"no readable output for trial {trial} after a run reported as finished ({type(exc).__name__})"
             return _failure(result, "integrity_violation", "missing_output", excerpt)
-        expected = _load(expected_dir / f"verify_{trial}.pt")
+        expected = _load(expected_dir / f"verify_{trial}.json")
         mismatch, atol, rtol = compare_outputs(expected, actual)
         if mismatch:
             return _failure(result, mismatch.outcome, mismatch.error_class, f"trial {trial}: {mismatch.report}")
@@ -75,11 +76,11 @@ def judge_time(result: dict[str, Any], outputs_dir: Path, expected_dir: Path) ->
     from tasks.harness.checks import compare_outputs
 
     index = result.get("last_input_index")
-    expected_path = expected_dir / f"time_{index}.pt"
+    expected_path = expected_dir / f"time_{index}.json"
     if not isinstance(index, int) or isinstance(index, bool) or not expected_path.exists():
         return _failure(result, "integrity_violation", "missing_output", f"the timing result names input set {index!r}")
     try:
-        actual = _load(outputs_dir / "last_timed.pt")
+        actual = _load(outputs_dir / "last_timed.json")
     except Exception as exc:  # noqa: BLE001
         excerpt = f"no readable output of the last timed call after a run reported as finished ({type(exc).__name__})"
         return _failure(result, "integrity_violation", "missing_output", excerpt)
@@ -137,7 +138,7 @@ class _References:
 
     def _scratch(self) -> Path:
         if self._root is None:
-            self._root = Path(tempfile.mkdtemp(prefix="kforge-expected-"))
+            self._root = Path(tempfile.mkdtemp(prefix="kforge-expected-", dir=scratch_root()))
             atexit.register(shutil.rmtree, self._root, True)
         return self._root
 
@@ -194,7 +195,7 @@ def evaluate_in_worker(
             reference_aliases=expected["reference_aliases"],
             output_bytes=expected["output_bytes"],
         )
-        with tempfile.TemporaryDirectory(prefix="kforge-out-") as outputs_dir:
+        with tempfile.TemporaryDirectory(prefix="kforge-out-", dir=scratch_root()) as outputs_dir:
             result = _run({**request, "outputs_dir": outputs_dir}, config)
             if result["outcome"] != "correct":
                 return result

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from tasks.harness import guard, modules
+from tasks.harness import guard, modules, tensorfile
 from tasks.harness.checks import as_tensor_list
 from tasks.harness.cpu import CompileError
 from tasks.harness.dispatch import library_calls, record_ops
@@ -137,7 +137,7 @@ def _save_output(output: Any, path: Path, reference_bytes: int) -> str:
     if size > 2 * reference_bytes + (1 << 20):
         excerpt = f"the output holds {size} bytes; the reference's {reference_bytes}"
         raise Outcome("shape_mismatch", "output_size", excerpt)
-    torch.save(_to_host(output), path)
+    tensorfile.write(output, path)
     return path.name
 
 
@@ -188,9 +188,9 @@ def run_reference(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
         raise Outcome("runtime_error", "reference_failed", _excerpt("".join(traceback.format_exception(exc)))) from None
     expected_dir = Path(request["expected_dir"])
     for trial, output in enumerate(verify_outputs):
-        torch.save(output, expected_dir / f"verify_{trial}.pt")
+        tensorfile.write(output, expected_dir / f"verify_{trial}.json")
     for index, output in enumerate(time_outputs):
-        torch.save(output, expected_dir / f"time_{index}.pt")
+        tensorfile.write(output, expected_dir / f"time_{index}.json")
     sizes = [sum(t.numel() * t.element_size() for t in as_tensor_list(o)) for o in verify_outputs]
     return {
         "outcome": "correct",
@@ -225,7 +225,7 @@ def run_verify(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
             if _aliases_an_input(output, inputs) and not request["reference_aliases"]:
                 excerpt = "ModelNew.forward returned (a view of) one of its inputs; the reference returns new memory"
                 raise Outcome("integrity_violation", "returns_input", excerpt)
-            saved.append(_save_output(output, outputs_dir / f"verify_{trial}.pt", request["output_bytes"]))
+            saved.append(_save_output(output, outputs_dir / f"verify_{trial}.json", request["output_bytes"]))
     return {"outcome": "correct", "trials": len(trial_inputs), "outputs": saved}
 
 
@@ -270,7 +270,7 @@ def run_time(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
         )
         raise Outcome("integrity_violation", "side_stream", excerpt)
     _check_output_tensors(timing.last_output, device)
-    saved = _save_output(timing.last_output, Path(request["outputs_dir"]) / "last_timed.pt", request["output_bytes"])
+    saved = _save_output(timing.last_output, Path(request["outputs_dir"]) / "last_timed.json", request["output_bytes"])
     return {
         "outcome": "correct",
         "runtime_ms": timing.median_ms,
