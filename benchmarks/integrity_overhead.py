@@ -32,8 +32,8 @@ and triton, the files' own sizes on cpu; --size-preset overrides it):
      inputs       clone of the inputs + _check_inputs_unchanged, once per trial
      guard        guard.snapshot 3 times and guard.patched 4 + trials times (compile, verify, time)
      small        output type, aliasing and library-call checks, once per trial and once in time
-     save         the worker's _save_output (to host, torch.save) of every trial and the last timed
-     judge        the parent's judge_verify + judge_time (torch.load mmap, compare_outputs, error stats)
+     save         the worker's _save_output (to host, raw bytes) of every trial and the last timed
+     judge        the parent's judge_verify + judge_time (tensorfile.read, compare_outputs, error stats)
      refill       timing's input refill before each run (fresh inputs per run), warm-up + timed runs
      reference    the reference worker's wall time / K
    A difference below zero is noise and counts as zero in the sum. These are steady-state costs:
@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from kforge.config import RunConfig  # noqa: E402
-from tasks.harness import guard, modules  # noqa: E402
+from tasks.harness import guard, modules, tensorfile  # noqa: E402
 from tasks.harness.checks import as_tensor_list  # noqa: E402
 from tasks.harness.dispatch import record_ops  # noqa: E402
 from tasks.harness.timing import _refill  # noqa: E402
@@ -76,6 +76,7 @@ from tasks.harness.worker import (  # noqa: E402
     _to_host,
     poisoned_allocations,
 )
+from tasks.isolate import scratch_root  # noqa: E402
 from tasks.judge import TIMING_INPUT_SETS, _references, evaluate_in_worker, judge_time, judge_verify  # noqa: E402
 from tasks.precheck import precheck  # noqa: E402
 
@@ -206,7 +207,7 @@ def check_costs(
             *[(f"time_{i}", v) for i, v in enumerate(time_inputs)],
         ]:
             expected = _to_host(reference(*inputs))
-            torch.save(expected, expected_dir / f"{name}.pt")
+            tensorfile.write(expected, expected_dir / f"{name}.json")
             output_bytes = max(output_bytes, sum(t.numel() * t.element_size() for t in as_tensor_list(expected)))
         reference_ops = record_ops(reference, *verify_inputs[0])[1]
         candidate_ops = record_ops(model_new, *verify_inputs[0])[1]
@@ -237,8 +238,8 @@ def check_costs(
 
         def save_all() -> None:
             for trial, output in enumerate(outputs):
-                _save_output(output, outputs_dir / f"verify_{trial}.pt", output_bytes)
-            _save_output(last_output, outputs_dir / "last_timed.pt", output_bytes)
+                _save_output(output, outputs_dir / f"verify_{trial}.json", output_bytes)
+            _save_output(last_output, outputs_dir / "last_timed.json", output_bytes)
 
         def judge_all() -> None:
             verdicts.append(judge_verify({"outcome": "correct"}, outputs_dir, expected_dir))
@@ -299,7 +300,7 @@ def main() -> None:
 
     started = time.perf_counter()
     rows, component_rows, shares, shares_without_reference = [], [], [], []
-    with tempfile.TemporaryDirectory(prefix="kforge-bench-integrity-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="kforge-bench-integrity-", dir=scratch_root()) as scratch:
         config = RunConfig(
             backend=args.backend,
             size_preset=args.size_preset,

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tasks.harness.timing import Timing, hidden_work_ms
 from tasks.judge import evaluate_in_worker
 
 pytestmark = [
@@ -41,11 +42,15 @@ class ModelNew(nn.Module):
 """
 
 
+def honest_timing(result: dict) -> Timing:
+    return Timing(result["runtime_ms"], 0.0, 0.0, 1, None, 0, sync_gap_ms=result["sync_gap_ms"])
+
+
 def test_work_hidden_on_a_side_stream_is_caught_and_the_honest_twin_is_timed(config):
     gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
     honest = evaluate_in_worker("time", PROBLEM, relu_candidate(on_side_stream=False), gpu)
     assert honest["outcome"] == "correct", honest
-    assert honest["sync_gap_ms"] < 0.03 and honest["runtime_ms"] > 0.2
+    assert honest["runtime_ms"] > 0.2 and hidden_work_ms(honest_timing(honest)) is None
 
     hidden = evaluate_in_worker("time", PROBLEM, relu_candidate(on_side_stream=True), gpu)
     assert (hidden["outcome"], hidden["error_class"]) == ("integrity_violation", "side_stream"), hidden
