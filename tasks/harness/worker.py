@@ -376,7 +376,6 @@ def wait_for_request(control_dir: Path, warm_device: str) -> tuple[Path, Path] |
     if warm_device == "cuda" and torch.cuda.is_available():
         torch.empty(1, device="cuda")
         torch.cuda.synchronize()
-    (control_dir / "ready").touch()  # the pool holds timing stages until no spare is still warming up
     if not sys.stdin.readline():
         return None
     return control_dir / "request.json", control_dir / "result.json"
