@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,17 +309,23 @@ def run_worker(
     kernel_cache: Path,
     threads: int | None = None,
     pool: WorkerPool | None = None,
+    judge: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `request` (see tasks.harness.worker) in a process of its own, started now or taken
     from `pool`; return the outcome dict, always with `outcome`, plus `worker_s` (wall time from
-    the request to the worker's exit)."""
+    the request to the worker's end). With `judge`, the worker holds on after writing its result
+    (its device memory holds the outputs it handed over) and a `correct` result is replaced by
+    judge(result), called before the worker is killed and inside its device slot."""
     kernel_cache.mkdir(parents=True, exist_ok=True)
     env = _worker_env(kernel_cache, threads)
     warm_device = "cuda" if request.get("backend") in ("cuda", "triton") else "cpu"
     timing = request.get("mode") in TIMING_MODES
     limits_for_worker = {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb}
     nonce = secrets.token_hex(16)
-    request_json = json.dumps({**request, "threads": threads, "limits": limits_for_worker, "nonce": nonce})
+    hold = judge is not None
+    request_json = json.dumps(
+        {**request, "threads": threads, "limits": limits_for_worker, "nonce": nonce, "hold": hold}
+    )
     with _device_slot(request):
         start = time.perf_counter()
         if pool is not None:
@@ -328,7 +335,7 @@ def run_worker(
             argv = ["{control}/request.json", "{control}/result.json"]
             worker = _start_worker(argv, env, subprocess.DEVNULL, request_json)
         try:
-            result = _run_request(worker, limits, start, waiting=pool is not None, nonce=nonce)
+            result = _run_request(worker, limits, start, waiting=pool is not None, nonce=nonce, judge=judge)
         finally:
             worker.control.cleanup()
             worker.work.cleanup()
@@ -337,7 +344,14 @@ def run_worker(
     return result
 
 
-def _run_request(worker: _Worker, limits: Limits, start: float, waiting: bool, nonce: str) -> dict[str, Any]:
+def _run_request(
+    worker: _Worker,
+    limits: Limits,
+    start: float,
+    waiting: bool,
+    nonce: str,
+    judge: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Let the worker go (a waiting one reads its request on "go"), wait for it, read its result:
     a result without this request's nonce was written by the candidate, not by the harness."""
     result_path = worker.control_path / "result.json"
@@ -347,32 +361,51 @@ def _run_request(worker: _Worker, limits: Limits, start: float, waiting: bool, n
             worker.process.stdin.close()
         except OSError:
             pass  # it died while waiting: read as a failure below
+    returncode, timed_out = _wait(worker.process, result_path if judge else None, start + limits.wall_s)
     try:
-        returncode = worker.process.wait(timeout=limits.wall_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    _kill_session(worker.process)
-    worker_s = time.perf_counter() - start
-    worker.log_file.close()
-    log = _log_tail(worker.control_path / "worker.log")
-    if timed_out:
-        result = {
-            "outcome": "timeout",
-            "error_class": "wall_time_limit",
-            "error_excerpt": f"no result after {limits.wall_s:g} s\n{log}",
-        }
-    else:
-        result = _read_result(result_path)
-        if result is not None and result.pop("nonce", None) != nonce:
+        log = _log_tail(worker.control_path / "worker.log")
+        if timed_out:
             result = {
-                "outcome": "integrity_violation",
-                "error_class": "forged_result",
-                "error_excerpt": f"the result file does not carry this request's nonce: the candidate wrote it\n{log}",
+                "outcome": "timeout",
+                "error_class": "wall_time_limit",
+                "error_excerpt": f"no result after {limits.wall_s:g} s\n{log}",
             }
-        result = result or _outcome_from_exit(returncode, log, limits)
-    result["worker_s"] = worker_s
+        else:
+            result = _read_result(result_path)
+            if result is not None and result.pop("nonce", None) != nonce:
+                result = {
+                    "outcome": "integrity_violation",
+                    "error_class": "forged_result",
+                    "error_excerpt": "the result file does not carry this request's nonce: the candidate wrote it\n"
+                    + log,
+                }
+            if result is not None and judge is not None and result["outcome"] == "correct":
+                result = judge(result)
+            result = result or _outcome_from_exit(returncode if returncode is not None else 0, log, limits)
+    finally:
+        _kill_session(worker.process)
+        worker.log_file.close()
+    result["worker_s"] = time.perf_counter() - start
     return result
+
+
+def _wait(process: subprocess.Popen, result_path: Path | None, deadline: float) -> tuple[int | None, bool]:
+    """(exit code or None, timed out): wait until the process exits or, where `result_path` is given,
+    until that file appears (a holding worker stays alive after writing it)."""
+    if result_path is None:
+        try:
+            return process.wait(timeout=max(0.0, deadline - time.perf_counter())), False
+        except subprocess.TimeoutExpired:
+            return None, True
+    delay = 0.0005
+    while (returncode := process.poll()) is None:
+        if result_path.exists():
+            return None, False
+        if time.perf_counter() >= deadline:
+            return None, True
+        time.sleep(delay)
+        delay = min(delay * 2, 0.005)
+    return returncode, False
 
 
 def _kill_session(process: subprocess.Popen) -> None:
