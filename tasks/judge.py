@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -288,9 +289,13 @@ class _References:
             "outputs_dir": str(directory),
         }
         outputs: dict[str, Any] = {}
+        if handover == "device":  # this process's CUDA start-up overlaps the worker's run
+            warming = threading.Thread(target=_warm_judge_device, name="kforge-warm-judge", daemon=True)
+            warming.start()
 
         def take_outputs(result: dict[str, Any]) -> dict[str, Any]:
             start, load = time.perf_counter(), handed_over(result, directory)
+            warming.join()
             try:
                 outputs.update({name: load(name) for name in result.get("handover") or {}})
             except Exception as exc:  # noqa: BLE001 - trusted worker: the environment refuses IPC
@@ -335,6 +340,24 @@ class _References:
             import torch
 
             torch.cuda.empty_cache()
+
+
+@functools.cache
+def _warm_judge_device() -> None:
+    """This process's CUDA context and the comparison's kernels, made once while the first trusted
+    worker runs (on an H100 they took about 0.2 s inside the first candidate's judging). A failure
+    here shows when the outputs are taken."""
+    try:
+        import torch
+
+        from tasks.harness.checks import compare_outputs, first_error_stats
+
+        ones = torch.ones(1024, device="cuda")
+        compare_outputs(ones, ones.clone())
+        first_error_stats(ones, ones)
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - no CUDA here: taking the outputs fails and says why
+        pass
 
 
 def _tensors(output: Any) -> list[Any]:
