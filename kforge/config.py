@@ -64,7 +64,12 @@ class RunConfig(BaseModel):
     threads: int | None = Field(None, description="CPU threads per worker (default: all cores)")
     compile_timeout_s: float = Field(300.0, gt=0)
     run_timeout_s: float = Field(120.0, gt=0, description="Wall-time limit of a verify or timing worker")
-    memory_limit_mb: int | None = Field(8192, description="Address-space limit per worker (CPU backend)")
+    memory_limit_mb: int | None = Field(
+        8192,
+        description="Memory limit per worker: its address space on the cpu backend; on GPU backends, where "
+        "the CUDA context rules that out, the resident memory of the worker and its children (checked by "
+        "the orchestrator every 0.1 s)",
+    )
     allow_library_calls: bool = Field(False, description="Allow candidates to call the reference's torch ops")
     worker_pool: int | None = Field(
         None,

@@ -73,6 +73,9 @@ class Limits:
     cpu_s: int = 600
     memory_mb: int | None = 8192  # address space; None where a CUDA context's reservations forbid it
     file_mb: int | None = 4096  # largest file the worker may write (outputs, kernels): the disk stays usable
+    # Resident memory of the worker and its children, checked by the parent every RESIDENT_CHECK_S:
+    # the limit GPU workers get, whose CUDA context rules out an address-space limit.
+    resident_mb: int | None = None
 
 
 def _worker_env(kernel_cache: Path, threads: int | None) -> dict[str, str]:
@@ -246,6 +249,7 @@ def worker_pool(size: int) -> WorkerPool | None:
 
 
 _pool_lock = threading.Lock()
+RESIDENT_CHECK_S = 0.1
 TIMING_MODES = ("time", "baseline")
 GPU_MODES = ("reference", "verify", "time", "baseline")  # every stage that runs on the device
 # One GPU stage at a time per process (this host's GPU): compiles of other candidates run beside
@@ -361,14 +365,24 @@ def _run_request(
             worker.process.stdin.close()
         except OSError:
             pass  # it died while waiting: read as a failure below
-    returncode, timed_out = _wait(worker.process, result_path if judge else None, start + limits.wall_s)
+    returncode, timed_out, over_mb = _wait(
+        worker.process, result_path if judge else None, start + limits.wall_s, limits.resident_mb
+    )
     try:
+        if over_mb is not None:
+            _kill_session(worker.process)
         log = _log_tail(worker.control_path / "worker.log")
         if timed_out:
             result = {
                 "outcome": "timeout",
                 "error_class": "wall_time_limit",
                 "error_excerpt": f"no result after {limits.wall_s:g} s\n{log}",
+            }
+        elif over_mb is not None:
+            result = {
+                "outcome": "runtime_error",
+                "error_class": "out_of_memory",
+                "error_excerpt": f"killed at {over_mb} MB resident, over the limit of {limits.resident_mb} MB\n{log}",
             }
         else:
             result = _read_result(result_path)
@@ -389,23 +403,48 @@ def _run_request(
     return result
 
 
-def _wait(process: subprocess.Popen, result_path: Path | None, deadline: float) -> tuple[int | None, bool]:
-    """(exit code or None, timed out): wait until the process exits or, where `result_path` is given,
-    until that file appears (a holding worker stays alive after writing it)."""
-    if result_path is None:
+def _wait(
+    process: subprocess.Popen, result_path: Path | None, deadline: float, resident_mb: int | None
+) -> tuple[int | None, bool, int | None]:
+    """(exit code or None, timed out, resident MB when over `resident_mb`): wait until the process
+    exits or, where `result_path` is given, until that file appears (a holding worker stays alive
+    after writing it); with `resident_mb`, stop as soon as the worker's processes hold more memory."""
+    if result_path is None and resident_mb is None:
         try:
-            return process.wait(timeout=max(0.0, deadline - time.perf_counter())), False
+            return process.wait(timeout=max(0.0, deadline - time.perf_counter())), False, None
         except subprocess.TimeoutExpired:
-            return None, True
-    delay = 0.0005
+            return None, True, None
+    delay, next_check = 0.0005, 0.0
     while (returncode := process.poll()) is None:
-        if result_path.exists():
-            return None, False
-        if time.perf_counter() >= deadline:
-            return None, True
+        if result_path is not None and result_path.exists():
+            return None, False, None
+        now = time.perf_counter()
+        if now >= deadline:
+            return None, True, None
+        if resident_mb is not None and now >= next_check:
+            next_check = now + RESIDENT_CHECK_S
+            if (in_use := _resident_mb(process.pid)) > resident_mb:
+                return None, False, in_use
         time.sleep(delay)
         delay = min(delay * 2, 0.005)
-    return returncode, False
+    return returncode, False, None
+
+
+def _resident_mb(pid: int) -> int:
+    """Resident memory of `pid` and its descendants, in MB (Linux /proc; 0 where unreadable)."""
+    page_bytes, total, pending, seen = os.sysconf("SC_PAGE_SIZE"), 0, [pid], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            total += int(Path(f"/proc/{current}/statm").read_text().split()[1]) * page_bytes
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending.extend(int(child) for child in (task / "children").read_text().split())
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or no such files on this OS
+    return total >> 20
 
 
 def _kill_session(process: subprocess.Popen) -> None:

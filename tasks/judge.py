@@ -152,8 +152,13 @@ def judge_time(result: dict[str, Any], actual: Outputs, expected: Outputs, timin
 
 def _limits(mode: str, config: RunConfig) -> Limits:
     wall_s = config.compile_timeout_s if mode in ("compile", "reference", "baseline") else config.run_timeout_s
-    memory_mb = config.memory_limit_mb if config.backend == "cpu" else None
-    return Limits(wall_s=wall_s, cpu_s=int(wall_s * 4) + 10, memory_mb=memory_mb)
+    on_cpu = config.backend == "cpu"
+    return Limits(
+        wall_s=wall_s,
+        cpu_s=int(wall_s * 4) + 10,
+        memory_mb=config.memory_limit_mb if on_cpu else None,
+        resident_mb=None if on_cpu else config.memory_limit_mb,
+    )
 
 
 def _request(mode: str, problem_source: str, candidate_source: str | None, config: RunConfig) -> dict[str, Any]:

@@ -101,3 +101,20 @@ def test_gpu_candidates_have_no_network_beside_their_cuda_context(config):
         result = evaluate_in_worker("verify", PROBLEM, phone_home, gpu)
     assert result["network_isolated"] is True, result
     assert result["outcome"] == "correct", result
+
+
+def test_host_memory_blow_up_beside_a_cuda_context_is_out_of_memory(config):
+    """A GPU worker has no address-space limit (its CUDA context reserves more than the host has), so
+    the orchestrator watches its resident memory instead: 6 GiB of touched host memory past a 4 GiB limit."""
+    gpu = config.model_copy(update={"backend": "cuda", "memory_limit_mb": 4096})
+    hoarding = HONEST.replace(
+        "        lib.relu(x, y, x.numel())\n",
+        "        lib.relu(x, y, x.numel())\n        hoard = torch.ones(3 << 29)  # 6 GiB on the host\n"
+        "        import time\n        time.sleep(60)\n",
+    )
+    assert hoarding != HONEST
+
+    result = evaluate_in_worker("verify", PROBLEM, hoarding, gpu)
+
+    assert (result["outcome"], result["error_class"]) == ("runtime_error", "out_of_memory"), result
+    assert "over the limit of 4096 MB" in result["error_excerpt"]

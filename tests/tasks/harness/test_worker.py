@@ -147,6 +147,32 @@ def test_memory_blow_up_is_out_of_memory(config):
     assert "can't allocate memory" in result["error_excerpt"]
 
 
+def test_resident_memory_over_the_limit_is_out_of_memory(config, tmp_path):
+    """The limit GPU workers get (no address-space limit beside a CUDA context): the parent watches
+    the resident memory of the worker and its children and kills it past the limit."""
+    hoard = python_candidate("hoard = torch.ones(2**29)  # 2 GiB, touched\nimport time\ntime.sleep(60)\nreturn x * 2")
+    request = {
+        "mode": "verify",
+        "problem_source": PROBLEM,
+        "candidate_source": hoard,
+        "backend": "cpu",
+        "size_preset": None,
+        "init_seed": 3,
+        "seeds": [11],
+        "reference_ops": ["relu"],
+        "reference_aliases": False,
+        "output_bytes": 4 * 4096,
+        "outputs_dir": str(tmp_path),
+    }
+    limits = Limits(wall_s=60, cpu_s=60, memory_mb=None, resident_mb=1024)
+
+    result = run_worker(request, limits, Path(config.cache_dir) / "kernels", threads=2)
+
+    assert outcome_of(result) == ("runtime_error", "out_of_memory")
+    assert result["error_excerpt"].startswith("killed at ") and "over the limit of 1024 MB" in result["error_excerpt"]
+    assert result["worker_s"] < 30  # stopped at the limit, not at the wall-clock limit
+
+
 def test_os_exit_at_import_is_a_runtime_error_without_result(config):
     result = evaluate_in_worker("verify", PROBLEM, "import os\nos._exit(0)\n", config)
 
