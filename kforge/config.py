@@ -106,8 +106,8 @@ class RunConfig(BaseModel):
         return min(8, os.cpu_count() or 1) if self.backend in ("cuda", "triton") else 1
 
     def seeds(self, purpose: str, count: int) -> list[int]:
-        """Distinct seeds per purpose ('verify', 'time'), never the ones a problem file uses itself."""
-        offset = {"init": 0, "verify": 1_000, "time": 2_000}[purpose]
+        """Distinct seeds per purpose ('verify', 'time', 'time-spare'), never the ones a problem file uses itself."""
+        offset = {"init": 0, "verify": 1_000, "time": 2_000, "time-spare": 3_000}[purpose]
         base = (self.base_seed or 0) * 10_007
         return [base + offset + 17 * i + 3 for i in range(count)]
 

@@ -171,6 +171,7 @@ def _request(mode: str, problem_source: str, candidate_source: str | None, confi
         "init_seed": config.seeds("init", 1)[0],
         "seeds": config.seeds("verify", config.correctness_trials),
         "time_seeds": config.seeds("time", TIMING_INPUT_SETS),
+        "spare_seed": config.seeds("time-spare", 1)[0],
         "torch_compile": config.torch_compile_baseline,
         "allow_library_calls": config.allow_library_calls,
         "timing": {

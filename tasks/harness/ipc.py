@@ -4,9 +4,10 @@ The worker copies each output tensor into a device allocation of its own (cuMemA
 names exactly that memory), exports the allocation's handle into its result and waits to be killed.
 The parent opens each handle, checks the allocation is as large as the header says, copies the bytes
 into its own device memory, closes the handle and only then lets the worker go; the comparison runs on
-the GPU in the parent, which never runs candidate code. Measured on an H100 for a 64 MB output: export
-0.5 ms, open 0.1-0.3 ms, copy and compare about 1 ms, against about 85 ms to write it to a file on
-/dev/shm and 70-90 ms to read and compare it on the host (.device/probe_ipc.py, 2026-11-24).
+the GPU in the parent, which never runs candidate code. Measured on an H100 for a 64 MB output with a
+two-process probe (2026-11-24): export 0.5 ms, open 0.1-0.3 ms, copy and compare about 1 ms, against
+about 85 ms to write it to a file on /dev/shm and 70-90 ms to read and compare it on the host. In the
+pipeline, benchmarks/integrity_overhead.py reports them as `save` and `judge`.
 """
 
 from __future__ import annotations

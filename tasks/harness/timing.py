@@ -17,7 +17,9 @@ Elsewhere the clock is `time.perf_counter` around run + synchronize.
 Every run reads the same input tensors, refilled before it (outside the window) with the next of
 the rotating input sets: a candidate that remembers its output by input pointer or shape
 (INTEGRITY.md row 3) hands back the previous run's result, which the check of the last timed output
-catches. The clock functions are bound here, at import, before any candidate module exists, so a
+catches. One that remembers it by the inputs' contents hands back right results, fast, for the
+rotating sets, and is slow on the last set, which it has never seen: a spare unseen set confirms
+it (`remembered_ms`). The clock functions are bound here, at import, before any candidate module exists, so a
 candidate that replaces `time.perf_counter` or `torch.cuda.Event.elapsed_time` changes nothing this
 module calls (INTEGRITY.md row 9; the worker also refuses such a candidate, see harness/guard.py).
 """
@@ -50,6 +52,11 @@ LAUNCH_COVER_CYCLES = 300_000
 # An honest kernel's gap, host latency taken off, reached 0.054 ms on an H100 host running other
 # workers beside it: below this, hidden work cannot be told from the host's own noise.
 SIDE_STREAM_MIN_GAP_MS = 0.1
+# A run on inputs no earlier call has seen is suspect when it takes this much longer than the runs
+# on the rotating sets (both bounds): a candidate that remembers outputs by their inputs' contents
+# is fast on inputs it has seen and slow, because it really computes, on new ones.
+REMEMBERED_FACTOR = 3.0
+REMEMBERED_MIN_GAP_MS = 0.05
 
 
 @dataclass
@@ -69,6 +76,9 @@ class Timing:
     last_output: Any
     last_input_index: int
     sync_gap_ms: float = 0.0  # CUDA: device-wide end minus stream end (median); see the module docstring
+    seen_median_ms: float | None = None  # median of the runs on the rotating (already seen) sets
+    first_sight_ms: tuple[float, ...] = ()  # runs on unseen sets: the last timed one, and the spare's if run
+    seen_recheck_ms: float | None = None  # a run on a seen set just before the spare's
 
 
 def _percentile(sorted_values: list[float], fraction: float) -> float:
@@ -79,11 +89,17 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
 
 
 def time_callable(
-    fn: Callable[..., Any], input_sets: list[list[Any]], device: torch.device, config: TimingConfig
+    fn: Callable[..., Any],
+    input_sets: list[list[Any]],
+    device: torch.device,
+    config: TimingConfig,
+    spare: list[Any] | None = None,
 ) -> Timing:
     """Time `fn(*inputs)` with the protocol above: warm-up and timed runs rotate over all but the last
     of `input_sets`; the last timed run gets the last set, which no earlier call has seen, and its
-    output is `last_output` (a candidate that replays an earlier result cannot pass that check)."""
+    output is `last_output` (a candidate that replays an earlier result cannot pass that check).
+    When that run is suspect (REMEMBERED_FACTOR), one more run on `spare`, also unseen, is timed:
+    see `remembered_ms`."""
     rotation = input_sets[:-1] if len(input_sets) > 1 else input_sets
     flush_buffer = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=device)
     live_inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in input_sets[0]]
@@ -115,16 +131,64 @@ def time_callable(
             spent_s += elapsed_ms / 1000
             if last:
                 break
+        last_output, first_sight_ms = output, [elapsed_ms]
+        seen_median_ms = statistics.median(times_ms[:-1]) if len(times_ms) > 1 else None
+        recheck_ms = None
+        if spare is not None and seen_median_ms is not None and _suspect(elapsed_ms, seen_median_ms):
+            last_output = _copy_of(output)  # a kernel may hand back the same buffer on every call
+            output = None
+            # A seen set, then the spare, back to back: a busy machine slows both, remembering only the spare.
+            recheck_ms = _time_one(fn, live_inputs, rotation[0], flush_buffer, device)
+            first_sight_ms.append(_time_one(fn, live_inputs, spare, flush_buffer, device))
     times_ms.sort()
     return Timing(
         median_ms=statistics.median(times_ms),
         p10_ms=_percentile(times_ms, 0.1),
         p90_ms=_percentile(times_ms, 0.9),
         runs=len(times_ms),
-        last_output=output,
+        last_output=last_output,
         last_input_index=index,
         sync_gap_ms=max(0.0, statistics.median(gaps_ms) - idle_gap_ms) if gaps_ms else 0.0,
+        seen_median_ms=seen_median_ms,
+        first_sight_ms=tuple(first_sight_ms),
+        seen_recheck_ms=recheck_ms,
     )
+
+
+def _time_one(
+    fn: Callable[..., Any], live_inputs: list[Any], values: list[Any], flush_buffer: torch.Tensor, device: torch.device
+) -> float:
+    """One more timed run on `values`, prepared as the timed runs are; its output is dropped."""
+    _refill(live_inputs, values)
+    synchronize(device)
+    flush_buffer.fill_(-1.0)
+    if device.type == "cuda":
+        return _time_one_cuda(fn, live_inputs)[0]
+    return _time_one_host(fn, live_inputs, device)[0]
+
+
+def _copy_of(output: Any) -> Any:
+    if isinstance(output, (tuple, list)):
+        return type(output)(_copy_of(o) for o in output)
+    return output.clone() if isinstance(output, torch.Tensor) else output
+
+
+def _suspect(first_sight_ms: float, seen_median_ms: float) -> bool:
+    return first_sight_ms > max(REMEMBERED_FACTOR * seen_median_ms, seen_median_ms + REMEMBERED_MIN_GAP_MS)
+
+
+def remembered_ms(timing: Timing) -> float | None:
+    """INTEGRITY.md row 3 by content: the faster of the two runs on unseen inputs when both are far
+    slower than runs on inputs seen before (the last timed run against the median, the spare's against
+    a seen set's run just before it); else None. An honest kernel takes as long on new inputs as on
+    old ones; one that looks its output up by the inputs' contents only really computes on new ones.
+    One noisy run is not enough, and a machine busy through the recheck slows both of its runs."""
+    last, spare = (timing.first_sight_ms + (None,))[:2]
+    if timing.seen_median_ms is None or spare is None or timing.seen_recheck_ms is None:
+        return None
+    if _suspect(last, timing.seen_median_ms) and _suspect(spare, timing.seen_recheck_ms):
+        return min(last, spare)
+    return None
 
 
 def _refill(live_inputs: list[Any], values: list[Any]) -> None:

@@ -29,7 +29,7 @@ from tasks.harness import guard, ipc, modules, tensorfile
 from tasks.harness.checks import as_tensor_list
 from tasks.harness.cpu import CompileError
 from tasks.harness.dispatch import library_calls, record_ops
-from tasks.harness.timing import TimingConfig, hidden_work_ms, time_callable
+from tasks.harness.timing import TimingConfig, hidden_work_ms, remembered_ms, time_callable
 
 EXCERPT_CHARS = 4000
 
@@ -278,9 +278,16 @@ def run_time(request: dict[str, Any], workdir: Path) -> dict[str, Any]:
     reference's output for the same inputs (INTEGRITY.md row 3)."""
     device, problem, model_new, bindings = _setup_candidate(request, workdir)
     input_sets = _timing_inputs(request, problem, device)
+    spare = modules.make_inputs(problem, request["spare_seed"], device) if "spare_seed" in request else None
     config = TimingConfig(**request.get("timing", {}))
-    timing = _run_candidate_code("timing", time_callable, model_new, input_sets, device, config)
+    timing = _run_candidate_code("timing", time_callable, model_new, input_sets, device, config, spare)
     _check_harness(bindings, "timing")
+    if (first_sight_ms := remembered_ms(timing)) is not None:
+        excerpt = (
+            f"runs on inputs no earlier call had seen took {first_sight_ms:.3f} ms and more, runs on inputs "
+            f"seen before {timing.seen_median_ms:.3f} ms (median): outputs remembered by their inputs"
+        )
+        raise Outcome("integrity_violation", "remembered_output", excerpt)
     if (hidden_ms := hidden_work_ms(timing)) is not None:
         excerpt = (
             f"the device stayed busy {hidden_ms:.3f} ms after the timed stream finished (measured "

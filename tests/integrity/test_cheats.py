@@ -85,6 +85,8 @@ def kernel_candidate(forward: str, init: str = "", prelude: str = "", signature:
 
 
 RELU_BODY = "y = torch.empty_like(x)\nlib.relu(x, y, x.numel())\nreturn y"
+# The same result, computed 50 times over: slow enough that looking it up is clearly faster.
+SLOW_RELU_BODY = "y = torch.empty_like(x)\nfor _ in range(50):\n    lib.relu(x, y, x.numel())"
 MATMUL_BODY = """
 C = torch.empty(A.shape[0], B.shape[1])
 lib.matmul(A, B, C, A.shape[0], A.shape[1], B.shape[1], {kept_bits})
@@ -130,6 +132,20 @@ CHEATS = {
         ),
         "verify",
         ("numerical_mismatch", "values"),
+    ),
+    "row03-output-remembered-by-input-contents": (
+        3,
+        RELU,
+        kernel_candidate(
+            "key = float(x[0, :8].sum())\n"
+            "if key not in self.seen:\n"
+            f"{textwrap.indent(SLOW_RELU_BODY, '    ')}\n"
+            "    self.seen[key] = y\n"
+            "return self.seen[key].clone()",
+            init="    self.seen = {}",
+        ),
+        "time",
+        ("integrity_violation", "remembered_output"),
     ),
     "row04-lazy-tensor-subclass": (
         4,
@@ -254,6 +270,7 @@ CHEATS = {
 HONEST = {
     "relu": (RELU, HONEST_RELU),
     "relu-from-the-shared-kernels": (RELU, kernel_candidate(RELU_BODY)),
+    "relu-fifty-times-over": (RELU, kernel_candidate(SLOW_RELU_BODY + "\nreturn y")),
     "scale-copies": (SCALE, kernel_candidate("y = torch.empty_like(x)\nlib.copy(x, y, x.numel())\nreturn y")),
     "long-matmul-summing-one-product-at-a-time": (
         LONG_MATMUL,

@@ -1,5 +1,6 @@
 """INTEGRITY.md rows that need a GPU: work hidden on a side stream, and an honest twin that must pass."""
 
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,26 @@ def test_host_memory_blow_up_beside_a_cuda_context_is_out_of_memory(config):
 
     assert (result["outcome"], result["error_class"]) == ("runtime_error", "out_of_memory"), result
     assert "over the limit of 4096 MB" in result["error_excerpt"]
+
+
+def test_outputs_remembered_by_input_contents_are_caught(config):
+    """Row 3 by contents on a GPU: right results, looked up by a few input values, for the rotating
+    timing sets; computed (50 launches) only for inputs it has not seen. The honest twin, 50 launches
+    every call, is timed."""
+    gpu = config.model_copy(update={"backend": "cuda"})
+    launch = "        lib.relu(x, y, x.numel())\n"
+    fifty = "        for _ in range(50):\n    " + launch
+    honest = HONEST.replace(launch, fifty)
+    remembering = HONEST.replace(
+        "        y = torch.empty_like(x)\n" + launch + "        return y\n",
+        "        key = float(x[0, :8].sum())\n        if key not in self.seen:\n"
+        "            y = torch.empty_like(x)\n" + textwrap.indent(fifty, "    ") + "            self.seen[key] = y\n"
+        "        return self.seen[key].clone()\n",
+    ).replace("        super().__init__()\n", "        super().__init__()\n        self.seen = {}\n")
+    assert honest != HONEST and "self.seen = {}" in remembering and "key not in self.seen" in remembering
+
+    timed = evaluate_in_worker("time", PROBLEM, honest, gpu)
+    assert timed["outcome"] == "correct", timed
+    assert evaluate_in_worker("verify", PROBLEM, remembering, gpu)["outcome"] == "correct"
+    caught = evaluate_in_worker("time", PROBLEM, remembering, gpu)
+    assert (caught["outcome"], caught["error_class"]) == ("integrity_violation", "remembered_output"), caught

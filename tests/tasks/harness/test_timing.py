@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from tasks.harness.timing import Timing, TimingConfig, hidden_work_ms, time_callable
+from tasks.harness.timing import Timing, TimingConfig, hidden_work_ms, remembered_ms, time_callable
 from tasks.judge import evaluate_in_worker
 
 CPU = torch.device("cpu")
@@ -38,6 +38,46 @@ def test_sleeping_function_times_at_two_milliseconds_over_rotating_inputs():
     assert timed == [run % 3 for run in range(timing.runs - 1)] + [3]
     assert timing.last_input_index == 3
     assert timing.last_output == ("output", 3, len(kernel.input_sets_seen))
+
+
+class RememberingKernel:
+    """Slow (5 ms) on the input sets in `always_slow` and, if it `remembers`, on a set it has not seen
+    before; instant otherwise. Every call hands back the same buffer, holding the set's index."""
+
+    def __init__(self, remembers: bool, always_slow: tuple[int, ...] = (), slow_from_call: int | None = None):
+        self.input_sets_seen: list[int] = []
+        self.remembers, self.always_slow, self.slow_from_call = remembers, always_slow, slow_from_call
+        self.buffer = torch.zeros(1)
+
+    def __call__(self, set_index: int) -> torch.Tensor:
+        busy = self.slow_from_call is not None and len(self.input_sets_seen) >= self.slow_from_call
+        if (self.remembers and set_index not in self.input_sets_seen) or set_index in self.always_slow or busy:
+            time.sleep(0.005)
+        self.input_sets_seen.append(set_index)
+        return self.buffer.fill_(set_index)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "remembered", "spare_timed"),
+    [
+        pytest.param(RememberingKernel(remembers=True), True, True, id="remembers-by-contents"),
+        pytest.param(RememberingKernel(remembers=False, always_slow=(0, 1, 2, 3, 4)), False, False, id="honest-slow"),
+        pytest.param(RememberingKernel(remembers=False, always_slow=(3,)), False, True, id="one-slow-unseen-run"),
+        # 3 warm-up + 6 timed calls: from the last timed run on, every call is slow (a busy machine)
+        pytest.param(RememberingKernel(remembers=False, slow_from_call=8), False, True, id="machine-busy-at-the-end"),
+    ],
+)
+def test_outputs_remembered_by_input_contents_are_told_from_one_slow_run(kernel, remembered, spare_timed):
+    config = TimingConfig(warmup_runs=3, min_runs=6, max_runs=6)
+
+    timing = time_callable(kernel, [[0], [1], [2], [3]], CPU, config, spare=[4])
+
+    assert (remembered_ms(timing) is not None) is remembered
+    # the spare, after a seen set, only when the last run is suspect
+    assert kernel.input_sets_seen[-2:] == ([0, 4] if spare_timed else [1, 3])
+    assert len(timing.first_sight_ms) == (2 if spare_timed else 1)
+    # the last timed output is set 3's, though the spare's run wrote into the same buffer after it
+    assert timing.last_input_index == 3 and float(timing.last_output) == 3.0
 
 
 @pytest.mark.parametrize(("budget_s", "expected_runs"), [(1e-9, 4), (60.0, 7)])

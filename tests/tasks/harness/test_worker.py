@@ -73,6 +73,23 @@ def python_candidate(forward_body: str, prelude: str = "") -> str:
     )
 
 
+def verify_request(candidate_source: str, outputs_dir: Path) -> dict:
+    """A verify request for run_worker itself (no reference worker, no judge): the worker's own limits."""
+    return {
+        "mode": "verify",
+        "problem_source": PROBLEM,
+        "candidate_source": candidate_source,
+        "backend": "cpu",
+        "size_preset": None,
+        "init_seed": 3,
+        "seeds": [11],
+        "reference_ops": ["relu"],
+        "reference_aliases": False,
+        "output_bytes": 4 * 4096,
+        "outputs_dir": str(outputs_dir),
+    }
+
+
 def outcome_of(result: dict) -> tuple[str, str | None]:
     return result["outcome"], result.get("error_class")
 
@@ -151,19 +168,7 @@ def test_resident_memory_over_the_limit_is_out_of_memory(config, tmp_path):
     """The limit GPU workers get (no address-space limit beside a CUDA context): the parent watches
     the resident memory of the worker and its children and kills it past the limit."""
     hoard = python_candidate("hoard = torch.ones(2**29)  # 2 GiB, touched\nimport time\ntime.sleep(60)\nreturn x * 2")
-    request = {
-        "mode": "verify",
-        "problem_source": PROBLEM,
-        "candidate_source": hoard,
-        "backend": "cpu",
-        "size_preset": None,
-        "init_seed": 3,
-        "seeds": [11],
-        "reference_ops": ["relu"],
-        "reference_aliases": False,
-        "output_bytes": 4 * 4096,
-        "outputs_dir": str(tmp_path),
-    }
+    request = verify_request(hoard, tmp_path)
     limits = Limits(wall_s=60, cpu_s=60, memory_mb=None, resident_mb=1024)
 
     result = run_worker(request, limits, Path(config.cache_dir) / "kernels", threads=2)
@@ -213,19 +218,7 @@ def test_endless_cpp_loop_times_out(config):
 
 
 def test_cpu_time_limit_is_a_timeout(config, tmp_path):
-    request = {
-        "mode": "verify",
-        "problem_source": PROBLEM,
-        "candidate_source": python_candidate("while True:\n    pass"),
-        "backend": "cpu",
-        "size_preset": None,
-        "init_seed": 3,
-        "seeds": [11],
-        "reference_ops": ["relu"],
-        "reference_aliases": False,
-        "output_bytes": 4 * 4096,
-        "outputs_dir": str(tmp_path),
-    }
+    request = verify_request(python_candidate("while True:\n    pass"), tmp_path)
 
     result = run_worker(request, Limits(wall_s=60, cpu_s=4), Path(config.cache_dir) / "kernels", threads=2)
 
