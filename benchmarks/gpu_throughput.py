@@ -279,7 +279,8 @@ def main() -> None:
         print(
             f"run_suite flow: {flow_row['per_hour']:.0f} candidates {per} over all rounds (the first also pays "
             f"one-time start-up: worker pool, compiler checks), {f'{steady:.0f}' if steady else '-'} over rounds 2+; "
-            "each candidate here also pays its problem's reference and baseline stages (iterations 0); "
+            "each candidate here also pays its problem's baseline stage, which also makes the reference's "
+            "outputs (iterations 0); "
             "target >= 2000 per GPU-hour"
         )
 
