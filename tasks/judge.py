@@ -323,7 +323,7 @@ class _References:
             "dir": str(directory),
             "outputs": outputs,
             "load": lambda name: outputs[name] if name in outputs else from_files(name),
-            "device_bytes": sum(t.numel() * t.element_size() for o in outputs.values() for t in _tensors(o)),
+            "device_bytes": _nbytes(outputs),
         }
         return result, entry
 
@@ -366,8 +366,12 @@ def _warm_judge_device() -> None:
         pass
 
 
-def _tensors(output: Any) -> list[Any]:
-    return list(output) if isinstance(output, (tuple, list)) else [output]
+def _nbytes(outputs: dict[str, Any]) -> int:
+    if not outputs:
+        return 0
+    from tasks.harness.checks import as_tensor_list
+
+    return sum(t.numel() * t.element_size() for output in outputs.values() for t in as_tensor_list(output))
 
 
 _references = _References()

@@ -13,10 +13,12 @@ pipeline, benchmarks/integrity_overhead.py reports them as `save` and `judge`.
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 import torch
 
+from tasks.harness.checks import as_tensor_list
 from tasks.harness.nvrtc import _check_cuda, _current_device, driver
 from tasks.harness.tensorfile import DTYPES
 
@@ -41,7 +43,9 @@ class _DeviceBytes:
         }
 
 
+@functools.cache
 def _signatures() -> ctypes.CDLL:
+    """libcuda with the IPC calls' argument types declared (once per process)."""
     libcuda = driver()
     libcuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
     libcuda.cuIpcGetMemHandle.argtypes = [ctypes.POINTER(_Handle), ctypes.c_uint64]
@@ -62,7 +66,7 @@ def _byte_view(pointer: int, nbytes: int, device: torch.device) -> torch.Tensor:
 def export(output: Any) -> dict[str, Any]:
     """A header naming `output` (a CUDA tensor, or a tuple/list of them) by IPC handles of copies
     in allocations this process keeps until it exits."""
-    tensors = list(output) if isinstance(output, (tuple, list)) else [output]
+    tensors = as_tensor_list(output)
     header: dict[str, Any] = {
         "container": type(output).__name__ if isinstance(output, (tuple, list)) else None,
         "tensors": [],

@@ -19,9 +19,10 @@ the rotating input sets: a candidate that remembers its output by input pointer 
 (INTEGRITY.md row 3) hands back the previous run's result, which the check of the last timed output
 catches. One that remembers it by the inputs' contents hands back right results, fast, for the
 rotating sets, and is slow on the last set, which it has never seen: a spare unseen set confirms
-it (`remembered_ms`). The clock functions are bound here, at import, before any candidate module exists, so a
-candidate that replaces `time.perf_counter` or `torch.cuda.Event.elapsed_time` changes nothing this
-module calls (INTEGRITY.md row 9; the worker also refuses such a candidate, see harness/guard.py).
+it (`remembered_ms`).
+The clock functions are bound here, at import, before any candidate module exists, so a candidate
+that replaces `time.perf_counter` or `torch.cuda.Event.elapsed_time` changes nothing this module
+calls (INTEGRITY.md row 9; the worker also refuses such a candidate, see harness/guard.py).
 """
 
 from __future__ import annotations
