@@ -17,13 +17,15 @@ from tasks.softcheck import failed_soft_check, needs_model_notice, soft_check_ta
 from tasks.verify import verify_task
 
 
-def evaluate_candidate(problem: Problem, candidate_source: str, config: RunConfig) -> dict[str, dict[str, Any]]:
+def evaluate_candidate(
+    problem: Problem, candidate_source: str, config: RunConfig, baseline: dict[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
     """Run the stages in order, stopping at the first one that does not pass."""
     stage_results = {"compile": compile_task(problem, candidate_source, config)}
     if stage_results["compile"]["outcome"] == "correct":
         stage_results["verify"] = verify_task(problem, candidate_source, config)
     if stage_results.get("verify", {}).get("outcome") == "correct":
-        stage_results["time"] = time_task(problem, candidate_source, config)
+        stage_results["time"] = time_task(problem, candidate_source, config, baseline)
     return stage_results
 
 
@@ -58,7 +60,7 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
                     baseline.get("error_excerpt"),
                 )
                 return rows
-            stage_results = evaluate_candidate(problem, reply.candidate_source, config)
+            stage_results = evaluate_candidate(problem, reply.candidate_source, config, baseline)
         parent = rows[-1]["attempt_id"] if rows else None
         row = attempt_row(run_id, problem, config, iteration, reply, stage_results, baseline, parent)
         if wants_soft_check(config, row):

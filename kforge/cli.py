@@ -376,7 +376,9 @@ def eval_one(
     size_preset: Annotated[
         str | None, typer.Option(help="Problem size preset (default 'gpu' on GPU backends).")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed for check and timing inputs.")] = 1,
+    seed: Annotated[
+        int, typer.Option(help="Seed for the models' parameters (every call's inputs come from os.urandom).")
+    ] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of lines.")] = False,
 ) -> None:
     """One candidate through the harness (compile, verify, time, baselines), no LLM and no Prefect."""
@@ -395,7 +397,8 @@ def eval_one(
     for stage, evaluate in (
         ("compile", compile_candidate),
         ("verify", verify_candidate),
-        ("time", time_candidate),
+        ("baseline", lambda parsed, _source, config: time_baselines(parsed, config)),
+        ("time", lambda parsed, source, config: time_candidate(parsed, source, config, report["baseline"])),
     ):
         report[stage] = evaluate(parsed, candidate_source, config)
         if report[stage]["outcome"] != "correct":
@@ -403,7 +406,6 @@ def eval_one(
             break
     else:
         report["outcome"] = "correct"
-        report["baseline"] = time_baselines(parsed, config)
         report.update(speedups(report["time"], report["baseline"]))
     if as_json:
         typer.echo(json.dumps(report, indent=2, default=str))

@@ -23,13 +23,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kforge.results import OUTCOMES
+from tasks.harness import sandbox
+from tasks.harness.protocol import WorkerRequest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LOG_TAIL_CHARS = 4000
@@ -86,8 +87,13 @@ def _worker_env(kernel_cache: Path, threads: int | None) -> dict[str, str]:
     env["TORCH_EXTENSIONS_DIR"] = str(kernel_cache / "torch_extensions")
     # torch.compile baselines reuse inductor's cache across workers and runs (25 s -> 7 s on 2 cores)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(kernel_cache / "inductor")
+    # Triton's own cache too: a sandboxed worker's HOME is its working directory (tasks/harness/sandbox.py)
+    env.setdefault("TRITON_CACHE_DIR", str(kernel_cache / "triton"))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
+    # OpenMP threads sleep as soon as a parallel region ends instead of spinning: a worker is idle
+    # between calls, which the orchestrator checks (tasks/drive.py), and so is a baseline's.
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
     return env
 
 
@@ -148,18 +154,27 @@ def _start_worker(argv: list[str], env: dict[str, str], stdin: int, request_json
     """Start `python -m tasks.harness.worker ARGV` ({control} in ARGV names its control directory),
     with `request_json` written there first if given."""
     try:
-        control = tempfile.TemporaryDirectory(prefix="kforge-ctl-")
+        control = tempfile.TemporaryDirectory(prefix="kforge-ctl-", dir=scratch_root())
         work = tempfile.TemporaryDirectory(prefix="kforge-run-")
         if request_json is not None:
             (Path(control.name) / "request.json").write_text(request_json)
         log_file = open(Path(control.name) / "worker.log", "wb")
+        # OS-level isolation (tasks/harness/sandbox.py): namespaces, a user of its own that owns these two
+        # directories, and a private /tmp and /dev/shm in which they alone stay visible.
+        launcher, sandbox_env = sandbox.worker_launch([Path(control.name), Path(work.name)], Path(work.name), env)
         process = subprocess.Popen(
-            [sys.executable, "-m", "tasks.harness.worker", *[a.replace("{control}", control.name) for a in argv]],
+            [
+                *launcher,
+                sys.executable,
+                "-m",
+                "tasks.harness.worker",
+                *[a.replace("{control}", control.name) for a in argv],
+            ],
             cwd=work.name,
-            env=env,
+            env={**env, **sandbox_env},
             stdin=stdin,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE,  # the reply pipe of a session (tasks/channel.py)
+            stderr=log_file,
             start_new_session=True,
         )
     except OSError as exc:
@@ -301,6 +316,7 @@ _cpu_cores = _SharedOrAlone()
 
 
 def _device_slot(request: dict[str, Any]):
+    """The slot a stage of `request["mode"]` holds while its worker runs: the GPU, or the CPU cores."""
     if request.get("backend") == "cpu":
         return _cpu_cores.alone() if request.get("mode") in TIMING_MODES else _cpu_cores.shared()
     on_gpu = request.get("backend") in ("cuda", "triton") and request.get("mode") in GPU_MODES
@@ -308,54 +324,40 @@ def _device_slot(request: dict[str, Any]):
 
 
 def run_worker(
-    request: dict[str, Any],
+    request: WorkerRequest | dict[str, Any],
     limits: Limits,
     kernel_cache: Path,
     threads: int | None = None,
     pool: WorkerPool | None = None,
-    judge: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate `request` (see tasks.harness.worker) in a process of its own, started now or taken
-    from `pool`; return the outcome dict, always with `outcome`, plus `worker_s` (wall time from
-    the request to the worker's end). With `judge`, the worker holds on after writing its result
-    (its device memory holds the outputs it handed over) and a `correct` result is replaced by
-    judge(result), called before the worker is killed and inside its device slot."""
+    """Run a one-result `request` (the compile mode, see tasks.harness.worker) in a process of its
+    own, started now or taken from `pool`; return the outcome dict, always with `outcome`, plus
+    `worker_s` (wall time from the request to the worker's end)."""
+    if isinstance(request, dict):
+        request = WorkerRequest(**request)
     kernel_cache.mkdir(parents=True, exist_ok=True)
     env = _worker_env(kernel_cache, threads)
-    warm_device = "cuda" if request.get("backend") in ("cuda", "triton") else "cpu"
-    timing = request.get("mode") in TIMING_MODES
+    warm_device = "cuda" if request.backend in ("cuda", "triton") else "cpu"
     limits_for_worker = {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb}
     nonce = secrets.token_hex(16)
-    hold = judge is not None
-    request_json = json.dumps(
-        {**request, "threads": threads, "limits": limits_for_worker, "nonce": nonce, "hold": hold}
-    )
-    with _device_slot(request):
+    request_json = replace(request, threads=threads, limits=limits_for_worker, nonce=nonce).to_json()
+    with _device_slot({"backend": request.backend, "mode": request.mode}):
         start = time.perf_counter()
         if pool is not None:
-            worker = pool.take(env, warm_device, refill_now=not timing)
+            worker = pool.take(env, warm_device, refill_now=True)
             (worker.control_path / "request.json").write_text(request_json)
         else:
             argv = ["{control}/request.json", "{control}/result.json"]
             worker = _start_worker(argv, env, subprocess.DEVNULL, request_json)
         try:
-            result = _run_request(worker, limits, start, waiting=pool is not None, nonce=nonce, judge=judge)
+            result = _run_request(worker, limits, start, waiting=pool is not None, nonce=nonce)
         finally:
             worker.control.cleanup()
             worker.work.cleanup()
-    if pool is not None and timing:
-        pool.refill(env, warm_device)
     return result
 
 
-def _run_request(
-    worker: _Worker,
-    limits: Limits,
-    start: float,
-    waiting: bool,
-    nonce: str,
-    judge: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+def _run_request(worker: _Worker, limits: Limits, start: float, waiting: bool, nonce: str) -> dict[str, Any]:
     """Let the worker go (a waiting one reads its request on "go"), wait for it, read its result:
     a result without this request's nonce was written by the candidate, not by the harness."""
     result_path = worker.control_path / "result.json"
@@ -365,9 +367,7 @@ def _run_request(
             worker.process.stdin.close()
         except OSError:
             pass  # it died while waiting: read as a failure below
-    returncode, timed_out, over_mb = _wait(
-        worker.process, result_path if judge else None, start + limits.wall_s, limits.resident_mb
-    )
+    returncode, timed_out, over_mb = _wait(worker.process, None, start + limits.wall_s, limits.resident_mb)
     try:
         if over_mb is not None:
             _kill_session(worker.process)
@@ -393,8 +393,6 @@ def _run_request(
                     "error_excerpt": "the result file does not carry this request's nonce: the candidate wrote it\n"
                     + log,
                 }
-            if result is not None and judge is not None and result["outcome"] == "correct":
-                result = judge(result)
             result = result or _outcome_from_exit(returncode if returncode is not None else 0, log, limits)
     finally:
         _kill_session(worker.process)
@@ -454,3 +452,7 @@ def _kill_session(process: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     process.wait()
+    for stream in (process.stdin, process.stdout):
+        with contextlib.suppress(OSError, ValueError):
+            if stream is not None:
+                stream.close()

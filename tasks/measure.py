@@ -1,8 +1,8 @@
 """Timing stage: the candidate and the PyTorch baselines (eager and torch.compile), same protocol.
 
-Baselines are measured once per problem and run (their key holds the run's seeds, so a new
-run measures them again on the same machine state as its candidates, while a rerun of the same
-run replays them).
+Both are sessions the orchestrator drives and clocks call by call (tasks/drive.py). Baselines are
+measured once per problem and run (their key holds the run's seeds, so a new run measures them
+again on the same machine state as its candidates, while a rerun of the same run replays them).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from prefect import task
 
 from kforge.config import RunConfig
 from tasks.caching import content_key, retry_on_infrastructure, source_hash
-from tasks.judge import TIMING_INPUT_SETS, evaluate_in_worker
+from tasks.judge import evaluate_in_worker
 from tasks.problems import Problem
 
 
@@ -21,7 +21,7 @@ def _timing_settings(config: RunConfig) -> list[Any]:
     return [
         config.backend,
         config.effective_size_preset(),
-        config.seeds("time", TIMING_INPUT_SETS),
+        config.seeds("time", 1),  # the run's identity: a new run times again, its retry replays
         config.warmup_runs,
         config.min_timed_runs,
         config.max_timed_runs,
@@ -30,9 +30,13 @@ def _timing_settings(config: RunConfig) -> list[Any]:
     ]
 
 
-def time_candidate(problem: Problem, candidate_source: str, config: RunConfig) -> dict[str, Any]:
-    """Median/p10/p90 runtime of a verified candidate, or the outcome that stopped it."""
-    return evaluate_in_worker("time", problem.source, candidate_source, config)
+def time_candidate(
+    problem: Problem, candidate_source: str, config: RunConfig, baseline: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Median/p10/p90 runtime of a verified candidate, or the outcome that stopped it; the
+    problem's `baseline` result, when given, bounds its claims by the trusted echo time."""
+    echo_ms = (baseline or {}).get("echo_ms")
+    return evaluate_in_worker("time", problem.source, candidate_source, config, echo_ms)
 
 
 def time_baselines(problem: Problem, config: RunConfig) -> dict[str, Any]:
@@ -76,8 +80,10 @@ def _baseline_key(_context: Any, parameters: dict[str, Any]) -> str:
     retry_delay_seconds=2,
     retry_condition_fn=retry_on_infrastructure,
 )
-def time_task(problem: Problem, candidate_source: str, config: RunConfig) -> dict[str, Any]:
-    return time_candidate(problem, candidate_source, config)
+def time_task(
+    problem: Problem, candidate_source: str, config: RunConfig, baseline: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return time_candidate(problem, candidate_source, config, baseline)
 
 
 @task(

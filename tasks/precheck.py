@@ -1,11 +1,17 @@
-"""A static scan of a candidate before anything compiles or runs (INTEGRITY.md rows 1, 9 and 10).
+"""A static scan of a candidate before anything compiles or runs (INTEGRITY.md rows 1, 9, 10, 12 and 14).
 
 `precheck(candidate_source, problem_source)` parses the candidate and refuses, with one line that
 names the line number and the construct, what no honest kernel needs: process, network, file and
 dynamic-import modules; patching torch, time, sys, gc, builtins or numpy (the harness's clocks and
-comparisons); reading the harness's frames; and calling the compute ops the reference Model calls.
-It is a cheap first filter, not the last word: names built from computed strings escape any static
-scan, so the worker's runtime checks still run on whatever passes.
+comparisons); reading the harness's frames; the attributes that lead from any object to frames,
+namespaces and other modules (`e.__traceback__.tb_frame.f_back`, `f.__globals__`, `__code__`,
+`__closure__`, `gi_frame`, `__dict__`, `__subclasses__`, `__mro__`, `__builtins__`, ...), by name or as
+the string given to getattr, and `vars()`, `globals()`, `locals()`; reading torch's dispatch-mode or
+profiler state (whether it is being watched); and calling the compute ops the reference Model calls.
+It is a cheap first filter, not the last word: names built from computed strings
+(`getattr(e, "tb_" + "frame")`) and native code escape any static scan, so nothing here decides
+that a candidate is honest: the worker's runtime checks and the orchestrator's judgement of every
+output (INTEGRITY.md row 12) still run on whatever passes.
 """
 
 from __future__ import annotations
@@ -46,12 +52,40 @@ REFUSED_NAMES = {
     ),
     "harness_tampering": (
         "a candidate may not reach into the harness",
-        "sys.modules* sys._getframe sys.settrace sys.setprofile gc.get_objects gc.get_referr* inspect.stack"
-        " inspect.currentframe inspect.getouterframes inspect.trace builtins.__builtins__"
+        "sys.modules* sys._getframe sys.settrace sys.setprofile gc.get_objects gc.get_referr* builtins.__builtins__"
         " builtins.object.__setattr__ builtins.type.__setattr__ torch.use_deterministic_algorithms"
-        " torch.utils.deterministic*",
+        " torch.utils.deterministic* builtins.vars builtins.globals builtins.locals builtins.__loader__"
+        " builtins.__spec__ sys._current_frames sys._getframemodulename sys.monitoring* inspect.*"
+        " traceback.walk_stack traceback.extract_stack traceback.format_stack traceback.print_stack"
+        " traceback.StackSummary*",
+    ),
+    # INTEGRITY.md row 14: a candidate that can tell when it is watched computes only then
+    "watched_state": (
+        "torch's dispatch-mode and profiler state tell a candidate when it is watched",
+        "torch._C._*dispatch* torch._C._*Dispatch* torch._C._*torch_function* torch._C._*TorchFunction*"
+        " torch._C._*_mode* torch.utils._python_dispatch* torch.overrides._* torch.overrides.*Mode*"
+        " torch._C._autograd* torch._C._profiler* torch.autograd.profiler._* torch.autograd._profiler*"
+        " torch.profiler._*",
     ),
 }
+# Rules reported under another rule's error_class.
+ERROR_CLASSES = {"watched_state": "harness_tampering"}
+# Attributes that lead from any value to frames, function internals, namespaces or the class graph,
+# where the scan cannot follow: refused wherever they appear (x.attr, or "attr" as a string constant,
+# as getattr, hasattr and operator.attrgetter take it). why -> names.
+_REFUSED_ATTRS = {
+    "frames and tracebacks lead to the harness's variables": "f_back f_locals f_globals f_code f_builtins f_trace"
+    " tb_frame tb_next gi_frame cr_frame ag_frame gi_code cr_code ag_code gi_yieldfrom cr_await ag_await"
+    " __traceback__",
+    "a function's globals, code and closure lead to modules and values the scan cannot see": "__globals__"
+    " __code__ __closure__ cell_contents __wrapped__ __self__ __builtins__ co_consts co_names co_code"
+    " co_varnames co_freevars co_cellvars",
+    "namespaces and the class graph reach any attribute by a computed name": "__dict__ __subclasses__ __mro__"
+    " mro __bases__ __base__ __loader__ __spec__",
+}
+REFUSED_ATTRS = {attr: why for why, names in _REFUSED_ATTRS.items() for attr in names.split()}
+# "{0.__traceback__.tb_frame.f_back.f_locals}".format(e): str.format reads attributes from its fields.
+_FORMAT_FIELD = re.compile(r"\{\w*(?:\.\w+|\[[^\]{}]*\])*?\.(" + "|".join(REFUSED_ATTRS) + r")(?!\w)")
 _RULES = {
     kind: re.compile("|".join(map(fnmatch.translate, names.split()))) for kind, (_, names) in REFUSED_NAMES.items()
 }
@@ -253,8 +287,12 @@ def _import_violations(node: ast.Import | ast.ImportFrom) -> list[tuple[str, str
     if isinstance(node, ast.ImportFrom):  # from os import system; from kforge import config
         modules = [f"{node.module}.{a.name}" for a in node.names] if node.module == "kforge" else modules
         found += [
-            (_rule_for(p), f"imports {p}") for p in (f"{node.module}.{a.name}" for a in node.names) if _rule_for(p)
+            (_rule_for(p), f"imports {p}: {REFUSED_NAMES[_rule_for(p)][0]}")
+            for p in (f"{node.module}.{a.name}" for a in node.names)
+            if _rule_for(p)
         ]
+    if isinstance(node, ast.Import):  # import torch.utils._python_dispatch as pd
+        found += [(_rule_for(m), f"imports {m}: {REFUSED_NAMES[_rule_for(m)][0]}") for m in modules if _rule_for(m)]
     for module in modules:
         top = module.split(".")[0]
         if top == "kforge" and not (module == HELPER_API or module.startswith(HELPER_API + ".")):
@@ -265,12 +303,23 @@ def _import_violations(node: ast.Import | ast.ImportFrom) -> list[tuple[str, str
 
 
 def _node_violations(node: ast.AST, scope: _Module) -> list[tuple[str, str]]:
-    """(error_class, reason) for the import, name, tampering and file rules at one node."""
+    """(rule, reason) for the import, name, tampering and file rules at one node; a rule is its
+    error_class unless ERROR_CLASSES names another."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return _import_violations(node)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        if node.value in REFUSED_ATTRS:
+            return [("harness_tampering", f"names {node.value!r} in a string: {REFUSED_ATTRS[node.value]}")]
+        field = _FORMAT_FIELD.search(node.value)
+        if field:
+            why = REFUSED_ATTRS[field.group(1)]
+            return [("harness_tampering", f"names .{field.group(1)} in a format field ({field.group(0)}...): {why}")]
+        return []
     if not isinstance(node, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)):
         return []
     found, path = [], scope.resolve(node)
+    if isinstance(node, ast.Attribute) and node.attr in REFUSED_ATTRS:
+        found.append(("harness_tampering", f"uses .{node.attr}: {REFUSED_ATTRS[node.attr]}"))
     if path and isinstance(getattr(node, "ctx", None), (ast.Store, ast.Del)):
         # rebinding a name of its own is the candidate's business; changing a module's attribute is not
         root, kind = path.split(".")[0], _rule_for(path)
@@ -331,7 +380,12 @@ def _violations(tree: ast.Module, refused: frozenset[str]) -> list[tuple[int, in
             stack.append((node.value, in_except, in_jit))  # the value is still scanned, the target is allowed
             continue
         line, col = getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
-        found += [(line, col, kind, reason) for kind, reason in _node_violations(node, scope)]
+        for kind, reason in _node_violations(node, scope):
+            attr = getattr(node, "attr", None)
+            if attr in REFUSED_ATTRS and reason.startswith(f"uses .{attr}:") and node.end_lineno == line:
+                found.append((line, node.end_col_offset - len(attr), kind, reason))  # e.a.b: .a first
+            else:
+                found.append((line, col, kind, reason))
         reached = None if in_jit else _reference_op_action(node, scope, refused)
         if reached:
             where = " in an except handler (a fallback)" if in_except else ""
@@ -367,7 +421,7 @@ def precheck(candidate_source: str, problem_source: str, allow_library_calls: bo
         return _result("compile_error", "RecursionError", "RecursionError: too deeply nested to check")
     if found:
         line, _, kind, reason = min(found, key=lambda v: (v[0], v[1]))  # the first in source order
-        return _result("integrity_violation", kind, f"line {line}: {reason}")
+        return _result("integrity_violation", ERROR_CLASSES.get(kind, kind), f"line {line}: {reason}")
     return None
 
 

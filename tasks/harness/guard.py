@@ -23,7 +23,7 @@ HARNESS_MODULES = (
     "tasks.harness.checks",
     "tasks.harness.dispatch",
     "tasks.harness.modules",
-    "tasks.harness.timing",
+    "tasks.harness.session",
     "tasks.harness.worker",
     "tasks.harness.guard",
 )

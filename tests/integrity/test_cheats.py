@@ -118,8 +118,8 @@ CHEATS = {
             "return self.seen[x.data_ptr()]",
             init="    self.seen = {}",
         ),
-        "time",
-        ("integrity_violation", "last_timed_output"),
+        "verify",  # every call reads the same input buffers, refilled by the orchestrator
+        ("numerical_mismatch", "values"),
     ),
     "row03-output-remembered-by-shape": (
         3,
@@ -132,20 +132,6 @@ CHEATS = {
         ),
         "verify",
         ("numerical_mismatch", "values"),
-    ),
-    "row03-output-remembered-by-input-contents": (
-        3,
-        RELU,
-        kernel_candidate(
-            "key = float(x[0, :8].sum())\n"
-            "if key not in self.seen:\n"
-            f"{textwrap.indent(SLOW_RELU_BODY, '    ')}\n"
-            "    self.seen[key] = y\n"
-            "return self.seen[key].clone()",
-            init="    self.seen = {}",
-        ),
-        "time",
-        ("integrity_violation", "remembered_output"),
     ),
     "row04-lazy-tensor-subclass": (
         4,
@@ -228,8 +214,8 @@ CHEATS = {
             "checks.compare_outputs = lambda *args, **kwargs: (None, 1e-4, 1e-4)\n"
             "return torch.zeros_like(x)"
         ),
-        "verify",
-        ("integrity_violation", "harness_patched"),
+        "verify",  # the orchestrator compares: the worker's copy of the comparison decides nothing
+        ("numerical_mismatch", "values"),
     ),
     "row10-forged-result-file": (
         10,
@@ -248,8 +234,8 @@ CHEATS = {
                 os._exit(0)
             """,
         ),
-        "time",
-        ("integrity_violation", "forged_result"),
+        "time",  # a session's result is what the orchestrator saw: a result file decides nothing
+        ("runtime_error", "no_result"),
     ),
     "row10-exits-zero-before-reporting": (
         10,
@@ -302,6 +288,21 @@ def test_honest_twin_is_correct_in_every_stage(name, config):
         result = evaluate_in_worker(stage, problem, candidate, config)
         assert result["outcome"] == "correct", (stage, result)
     assert result["runtime_ms"] > 0
+
+
+def test_no_call_ever_gets_inputs_seen_before(config):
+    """Row 3 by contents: a kernel that remembers outputs by its inputs' contents never gets a hit,
+    since every call's inputs are drawn from a new seed (this one fails loudly if it ever does)."""
+    remembers = kernel_candidate(
+        "key = float(x[0, :8].sum())\n"
+        "if key in self.seen:\n    raise RuntimeError('inputs seen before')\n"
+        f"{RELU_BODY.replace('return y', '')}\n"
+        "self.seen[key] = y\nreturn y.clone()",
+        init="    self.seen = {}",
+    )
+    for stage in ("compile", "verify", "time"):
+        result = evaluate_in_worker(stage, RELU, remembers, config)
+        assert result["outcome"] == "correct", (stage, result)
 
 
 def test_library_calls_pass_when_the_run_allows_them(config):

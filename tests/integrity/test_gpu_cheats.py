@@ -1,12 +1,10 @@
 """INTEGRITY.md rows that need a GPU: work hidden on a side stream, and an honest twin that must pass."""
 
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from tasks.harness.timing import Timing, hidden_work_ms
 from tasks.judge import evaluate_in_worker
 
 pytestmark = [
@@ -43,19 +41,40 @@ class ModelNew(nn.Module):
 """
 
 
-def honest_timing(result: dict) -> Timing:
-    return Timing(result["runtime_ms"], 0.0, 0.0, 1, None, 0, sync_gap_ms=result["sync_gap_ms"])
-
-
-def test_work_hidden_on_a_side_stream_is_caught_and_the_honest_twin_is_timed(config):
+def test_work_hidden_on_a_side_stream_is_charged_to_the_call(config):
+    """Rows 2 and 16: the events around forward see nothing of work on a stream the current stream
+    never waits for, but the orchestrator's clock runs until the worker has synchronized the device,
+    so the call's time holds the hidden work, whatever its size."""
     gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
     honest = evaluate_in_worker("time", PROBLEM, relu_candidate(on_side_stream=False), gpu)
     assert honest["outcome"] == "correct", honest
-    assert honest["runtime_ms"] > 0.2 and hidden_work_ms(honest_timing(honest)) is None
+    assert honest["runtime_ms"] > 0.2, honest
 
     hidden = evaluate_in_worker("time", PROBLEM, relu_candidate(on_side_stream=True), gpu)
-    assert (hidden["outcome"], hidden["error_class"]) == ("integrity_violation", "side_stream"), hidden
-    assert "escapes the timing window" in hidden["error_excerpt"]
+    assert hidden["outcome"] == "correct", hidden
+    assert hidden["claimed_ms"] < 0.5 * honest["runtime_ms"], hidden  # what the events alone would say
+    assert hidden["timing_source"] == "observed", hidden
+    assert hidden["runtime_ms"] > 0.8 * honest["runtime_ms"], (hidden, honest)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known hole, measured on an H200: a ~20 us launch on a private stream is charged only in part "
+    "(0.032 ms against the honest 0.054 ms): it hides inside the echo's p90 that the floor subtracts",
+)
+def test_one_small_launch_on_a_private_stream_is_charged_too(config):
+    """The attack that beat the 0.1 ms floor: one ~20 us ReLU on a private non-blocking stream."""
+    gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
+    private = HONEST.replace(
+        "        lib.relu(x, y, x.numel())\n",
+        "        side = torch.cuda.Stream()\n"
+        "        with torch.cuda.stream(side):\n            lib.relu(x, y, x.numel())\n",
+    )
+    assert private != HONEST
+    honest = evaluate_in_worker("time", PROBLEM, HONEST, gpu)
+    hidden = evaluate_in_worker("time", PROBLEM, private, gpu)
+    assert honest["outcome"] == hidden["outcome"] == "correct", (honest, hidden)
+    assert hidden["runtime_ms"] > 0.8 * honest["runtime_ms"], (hidden, honest)
 
 
 HONEST = (ROOT / "kernels_ref" / "cuda" / "1_relu.py").read_text()
@@ -121,24 +140,17 @@ def test_host_memory_blow_up_beside_a_cuda_context_is_out_of_memory(config):
     assert "over the limit of 4096 MB" in result["error_excerpt"]
 
 
-def test_outputs_remembered_by_input_contents_are_caught(config):
-    """Row 3 by contents on a GPU: right results, looked up by a few input values, for the rotating
-    timing sets; computed (50 launches) only for inputs it has not seen. The honest twin, 50 launches
-    every call, is timed."""
+def test_no_timed_call_gets_inputs_seen_before(config):
+    """Rows 3 and 15 on a GPU: a kernel that would look its output up by a few input values never
+    finds them, since every call's inputs are new (this one fails loudly if it ever does)."""
     gpu = config.model_copy(update={"backend": "cuda"})
     launch = "        lib.relu(x, y, x.numel())\n"
-    fifty = "        for _ in range(50):\n    " + launch
-    honest = HONEST.replace(launch, fifty)
     remembering = HONEST.replace(
-        "        y = torch.empty_like(x)\n" + launch + "        return y\n",
-        "        key = float(x[0, :8].sum())\n        if key not in self.seen:\n"
-        "            y = torch.empty_like(x)\n" + textwrap.indent(fifty, "    ") + "            self.seen[key] = y\n"
-        "        return self.seen[key].clone()\n",
+        launch,
+        launch + "        key = float(x[0, :8].sum())\n        if key in self.seen:\n"
+        "            raise RuntimeError('inputs seen before')\n        self.seen[key] = True\n",
     ).replace("        super().__init__()\n", "        super().__init__()\n        self.seen = {}\n")
-    assert honest != HONEST and "self.seen = {}" in remembering and "key not in self.seen" in remembering
-
-    timed = evaluate_in_worker("time", PROBLEM, honest, gpu)
-    assert timed["outcome"] == "correct", timed
-    assert evaluate_in_worker("verify", PROBLEM, remembering, gpu)["outcome"] == "correct"
-    caught = evaluate_in_worker("time", PROBLEM, remembering, gpu)
-    assert (caught["outcome"], caught["error_class"]) == ("integrity_violation", "remembered_output"), caught
+    assert "self.seen = {}" in remembering and "key in self.seen" in remembering
+    for stage in ("compile", "verify", "time"):
+        result = evaluate_in_worker(stage, PROBLEM, remembering, gpu)
+        assert result["outcome"] == "correct", (stage, result)

@@ -1,0 +1,558 @@
+"""The orchestrator drives every call of a session worker and decides from what it sees itself.
+
+For each call it draws a seed from os.urandom, makes the inputs (tasks/trusted.py), flushes the
+caches from its own process, writes the inputs into the worker's input buffers, starts its clock,
+sends `call`, and stops its clock when the worker's reply says the output is in the output buffer.
+So a worker cannot know a call's inputs before the call starts, and cannot make a call look faster
+than the orchestrator saw it take (INTEGRITY.md rows 12, 14, 15, 17):
+
+- The worker's claimed time (CUDA events on the GPU, its own clock on the cpu) is the precise one
+  and is kept for a call only where the orchestrator's observation bears it out: a call's time is
+  at least what the orchestrator saw it take less the round trip of an empty call (`echo`, its p90,
+  from empty calls between the timed ones, and never more than the trusted baseline worker's).
+  An honest claim is above that floor nine times in ten whatever the load; a forged one gains at
+  most the echo's spread.
+- Verify judges every call's output. Timing judges a sample drawn by the orchestrator as the calls
+  go (reservoir sampling, so no call knows whether it will be judged) and always the last call; a
+  wrong output there is `integrity_violation`/`timed_output`. The number of calls varies.
+- The worker's processes must be idle between calls: CPU time they use while the orchestrator
+  prepares the next call (read from /proc in a random third of the gaps: a thread that finishes
+  outputs late, or computes while inputs arrive) is `integrity_violation`/`busy_between_calls`.
+- A time below what writing the outputs at the device's peak bandwidth takes is
+  `integrity_violation`/`impossible_speed`; every timed attempt gets its `roofline_fraction`
+  (tasks/roofline.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import secrets
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kforge.config import RunConfig
+from tasks import trusted
+from tasks.channel import Conversation, WorkerEnded, conversation
+from tasks.harness.protocol import WorkerRequest
+from tasks.isolate import Limits, worker_pool
+
+ECHO_CALLS = 5  # empty calls before the first timed calls; then one before about one in ECHO_SHARE
+ECHO_SHARE = 4
+JUDGED_TIMED_CALLS = 2  # besides the last one
+RECORDED_TIMED_SHARE = 10  # one timed call in this many also records its dispatched ops
+BUSY_SHARE = 0.25  # of the time between calls, summed over the session ...
+BUSY_MIN_MS = 20.0  # ... and at least this much CPU time in all
+CPU_FLUSH_BYTES = 64 << 20
+WATCHED_GAP_SHARE = 3  # one gap between calls in this many, at random, has the worker's CPU time read
+
+
+class Stop(Exception):
+    """Ends a session with this outcome."""
+
+    def __init__(self, outcome: dict[str, Any]):
+        super().__init__(outcome.get("error_excerpt"))
+        self.outcome = outcome
+
+
+def _failure(outcome: str, error_class: str, excerpt: str) -> Stop:
+    return Stop({"outcome": outcome, "error_class": error_class, "error_excerpt": excerpt})
+
+
+@dataclass
+class Buffers:
+    inputs: list[Any]  # this process's views of the worker's input buffers (None: not a tensor)
+    outputs: list[Any]
+    closers: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        for close in self.closers:
+            close()
+
+
+@dataclass
+class Call:
+    seed: int
+    claimed_ms: float
+    observed_ms: float
+    ops: list[str] | None
+    inputs: list[Any]
+
+
+@dataclass
+class Session:
+    talk: Conversation
+    runtime: trusted.ProblemRuntime
+    buffers: Buffers
+    isolation: dict[str, str] | None = None  # the layers the worker reports (tasks/harness/sandbox.py)
+    busy_ns: int = 0
+    idle_ns: int = 0
+    _replied_at: tuple[float, int] | None = None
+    calls: int = 0
+    # seconds spent on the checks, by kind (benchmarks/integrity_overhead.py reports their share)
+    check_s: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def spending(self, kind: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.check_s[kind] = self.check_s.get(kind, 0.0) + time.perf_counter() - started
+
+
+def _limits(stage: str, config: RunConfig) -> Limits:
+    wall_s = config.compile_timeout_s if stage in ("compile", "baseline") else config.run_timeout_s
+    on_cpu = config.backend == "cpu"
+    return Limits(
+        wall_s=wall_s,
+        cpu_s=int(wall_s * 4) + 10,
+        memory_mb=config.memory_limit_mb if on_cpu else None,
+        resident_mb=None if on_cpu else config.memory_limit_mb,
+    )
+
+
+def _request(mode: str, problem_source: str, candidate_source: str | None, config: RunConfig, model: str):
+    return WorkerRequest(
+        mode=mode,
+        problem_source=problem_source,
+        candidate_source=candidate_source,
+        backend=config.backend,
+        size_preset=config.effective_size_preset(),
+        init_seed=config.seeds("init", 1)[0],
+        model=model,
+    )
+
+
+@contextlib.contextmanager
+def _session(stage: str, problem_source: str, candidate_source: str | None, config: RunConfig) -> Iterator[Session]:
+    """A started session worker with its buffers attached; Stop with the outcome when the problem,
+    the worker or its set-up fails."""
+    model = "reference" if stage == "baseline" else "candidate"
+    request = _request("session", problem_source, candidate_source, config, model)
+    pool = worker_pool(config.effective_worker_pool())
+    kernel_cache = Path(config.cache_dir) / "kernels"
+    with conversation(request, _limits(stage, config), kernel_cache, config.threads, pool, stage) as talk:
+        try:
+            runtime = trusted.runtime_for(problem_source, config.backend, request.size_preset, request.init_seed)
+        except trusted.ReferenceFailed as exc:
+            raise _failure("runtime_error", "reference_failed", str(exc)) from None
+        ready = talk.receive()
+        if "outcome" in ready:
+            raise Stop(_claimed_failure(ready))
+        buffers = _attach(talk, runtime)
+        try:
+            yield Session(talk, runtime, buffers, isolation=ready.get("isolation"))
+        finally:
+            buffers.close()
+
+
+def _claimed_failure(reply: dict[str, Any]) -> dict[str, Any]:
+    """A failure the worker reports about itself: believed (it can only cost the candidate)."""
+    outcome = reply.get("outcome")
+    if outcome not in ("compile_error", "runtime_error", "timeout", "shape_mismatch", "integrity_violation"):
+        outcome = "runtime_error"
+    return {
+        "outcome": outcome,
+        "error_class": str(reply.get("error_class"))[:200],
+        "error_excerpt": str(reply.get("error_excerpt"))[-4000:],
+    }
+
+
+def _attach(talk: Conversation, runtime: trusted.ProblemRuntime) -> Buffers:
+    """This process's views of the worker's input and output buffers, as the layout step made them:
+    a file in the worker's control directory mapped by both on the cpu, the worker's exported device
+    allocations opened here on a GPU."""
+    from tasks.harness import buffers as views
+
+    layout = runtime.layout
+    message = {**layout.to_message(), "reference_aliases": runtime.reference_aliases}
+    if runtime.device.type == "cpu":
+        import mmap
+
+        path = talk.control_path / "io.bin"
+        input_offsets, output_offsets, total = layout.offsets()
+        with open(path, "w+b") as handle:
+            handle.truncate(total)
+            shared = mmap.mmap(handle.fileno(), total)
+        os.chmod(path, 0o666)  # the worker runs as a user of its own
+        message["buffer_path"] = str(path)
+        reply = talk.ask(message)
+        if not reply.get("ok"):
+            raise Stop(_claimed_failure(reply))
+        return Buffers(
+            [None if s is None else views.file_view(shared, o, s) for s, o in zip(layout.inputs, input_offsets)],
+            [views.file_view(shared, o, s) for s, o in zip(layout.outputs, output_offsets)],
+        )
+    from tasks.harness import ipc
+
+    reply = talk.ask(message)
+    if not reply.get("ok"):
+        raise Stop(_claimed_failure(reply))
+    handles = {"inputs": reply.get("inputs"), "outputs": reply.get("outputs")}
+    if not all(isinstance(h, list) and len(h) == len(getattr(layout, k)) for k, h in handles.items()):
+        raise _failure("integrity_violation", "malformed_reply", "the worker exported the wrong number of buffers")
+    mapped = Buffers([], [])
+    try:
+        for kind, specs in (("inputs", layout.inputs), ("outputs", layout.outputs)):
+            for spec, handle in zip(specs, handles[kind]):
+                if spec is None:
+                    getattr(mapped, kind).append(None)
+                    continue
+                raw, close = ipc.open_mapping(handle, spec.nbytes, runtime.device)
+                mapped.closers.append(close)
+                getattr(mapped, kind).append(views.typed(raw, spec))
+    except ValueError as exc:
+        mapped.close()
+        raise _failure("integrity_violation", "malformed_reply", f"the worker's buffers: {exc}") from None
+    return mapped
+
+
+@functools.cache
+def _flush_buffer(device_key: str) -> Any:
+    import torch
+
+    from tasks.roofline import device_peak, flush_bytes
+
+    device = torch.device(device_key)
+    if device.type != "cuda":  # 64 MB as before: a virtual CPU's reported L3 (480 MB here) is the host's
+        return torch.empty(CPU_FLUSH_BYTES // 4, dtype=torch.float32)
+    peak = device_peak(torch.cuda.get_device_name(device))
+    return torch.empty(flush_bytes(peak) // 4, dtype=torch.float32, device=device)
+
+
+def _flush(device: Any) -> None:
+    """Evict the last-level cache from this process: the L2 of a GPU is shared by every context on
+    it, the CPU's last-level cache by every core. On a GPU the persisting-L2 lines an access-policy
+    window may have set aside are reset first (a plain fill does not evict them)."""
+    if device.type == "cuda":
+        _reset_persisting_l2()
+    _flush_buffer(str(device)).fill_(float(secrets.randbelow(1000)))
+
+
+def _reset_persisting_l2() -> None:
+    with contextlib.suppress(Exception):
+        from tasks.harness.nvrtc import driver
+
+        libcuda = driver()
+        libcuda.cuCtxResetPersistingL2Cache()
+        libcuda.cuCtxSetLimit(0x06, 0)  # CU_LIMIT_PERSISTING_L2_CACHE_SIZE
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time used so far by `pid`, its threads and its descendants (Linux schedstat, ns)."""
+    total, pending, seen = 0, [pid], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            for task in os.scandir(f"/proc/{current}/task"):
+                with open(f"{task.path}/schedstat") as stat:
+                    total += int(stat.read().split()[0])
+                with open(f"{task.path}/children") as children:
+                    pending.extend(int(child) for child in children.read().split())
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
+    """One call on fresh inputs, clocked from here."""
+    import torch
+
+    from tasks.harness import modules
+
+    runtime, buffers = session.runtime, session.buffers
+    seed = trusted.new_seed()
+    with session.spending("inputs"):
+        inputs = trusted.make_inputs(runtime, seed)
+        for target, value in zip(buffers.inputs, inputs):
+            if target is not None:
+                target.copy_(value)
+    scalars = {str(i): v for i, v in enumerate(inputs) if not isinstance(v, torch.Tensor)}
+    _flush(runtime.device)
+    modules.synchronize(runtime.device)
+    if session._replied_at is not None:  # this gap between calls is one of the watched ones
+        with session.spending("watch"):
+            replied_s, replied_ns = session._replied_at
+            session.busy_ns += _cpu_ns(session.talk.pid) - replied_ns
+            session.idle_ns += int((time.perf_counter() - replied_s) * 1e9)
+    step = {"step": "echo"} if echo else {"step": "call", "scalars": scalars, "record": record}
+    started = time.perf_counter()
+    session.talk.send(step)
+    reply = session.talk.receive()
+    ended = time.perf_counter()
+    session._replied_at = None
+    if secrets.randbelow(WATCHED_GAP_SHARE) == 0:  # reading /proc costs: a random sample of the gaps
+        with session.spending("watch"):
+            session._replied_at = (ended, _cpu_ns(session.talk.pid))
+    session.calls += 1
+    if "outcome" in reply:
+        raise Stop(_claimed_failure(reply))
+    claimed = reply.get("claimed_ms")
+    if not isinstance(claimed, (int, float)) or isinstance(claimed, bool) or not claimed >= 0:
+        raise _failure("integrity_violation", "malformed_reply", f"a call claimed {str(claimed)[:100]} ms")
+    ops = reply.get("ops") if record else None
+    if record and not (isinstance(ops, list) and all(isinstance(op, str) for op in ops)):
+        raise _failure("integrity_violation", "malformed_reply", "a recorded call reported no op list")
+    return Call(seed, float(claimed), (ended - started) * 1000, ops, inputs)
+
+
+def _snapshot(session: Session, call: Call) -> Any:
+    """The call's output as the worker left it, copied here, after checking the worker left its
+    inputs as they were handed over (INTEGRITY.md row 6)."""
+    with session.spending("judge"):
+        return _copy_out(session, call)
+
+
+def _copy_out(session: Session, call: Call) -> Any:
+    import torch
+
+    for index, (target, value) in enumerate(zip(session.buffers.inputs, call.inputs)):
+        if target is not None and not torch.equal(target, value):
+            raise _failure("integrity_violation", "modified_input", f"the candidate wrote into input {index}")
+    copies = [view.clone() for view in session.buffers.outputs]
+    container = session.runtime.layout.output_container
+    if container is None:
+        return copies[0]
+    return tuple(copies) if container == "tuple" else copies
+
+
+def _check_ops(session: Session, call: Call, config: RunConfig) -> None:
+    from tasks.harness.dispatch import library_calls
+
+    calls = library_calls(set(session.runtime.reference_ops), set(call.ops or []))
+    if calls and not config.allow_library_calls:
+        names = ", ".join(f"aten::{name}" for name in calls)
+        excerpt = f"ModelNew.forward dispatched {names}, which the reference computes (library calls are off)"
+        raise _failure("integrity_violation", "reference_op", excerpt)
+
+
+def _run_stage(stage: str, body, problem_source: str, candidate_source: str | None, config: RunConfig) -> dict:
+    started = time.perf_counter()
+    try:
+        with _session(stage, problem_source, candidate_source, config) as session:
+            result = body(session)
+            result["check_s"] = dict(session.check_s)
+            isolation = session.isolation
+    except Stop as stop:
+        result = stop.outcome
+    except WorkerEnded as ended:
+        result = ended.outcome
+    else:
+        if isinstance(isolation, dict):
+            result["isolation"] = {str(k): str(v)[:200] for k, v in isolation.items()}
+            result["network_isolated"] = result["isolation"].get("network", "").startswith("ok")
+    result["worker_s"] = time.perf_counter() - started
+    return result
+
+
+def verify(problem_source: str, candidate_source: str, config: RunConfig) -> dict[str, Any]:
+    """`correct` with tolerances and the largest errors, or the first call's failure. Every call's
+    output is judged and every call records the ops it dispatched; the number of calls varies."""
+
+    def body(session: Session) -> dict[str, Any]:
+        from tasks.harness.checks import compare_outputs, first_error_stats
+
+        trials = config.correctness_trials + secrets.randbelow(2)
+        stats, atol, rtol = {"max_abs_err": 0.0, "max_rel_err": 0.0}, 0.0, 0.0
+        for trial in range(trials):
+            call = _call(session, record=True)
+            _check_ops(session, call, config)
+            actual = _snapshot(session, call)
+            with session.spending("judge"):
+                expected = trusted.reference_output(session.runtime, call.inputs)
+                mismatch, atol, rtol = compare_outputs(expected, actual)
+            if mismatch:
+                raise _failure(mismatch.outcome, mismatch.error_class, f"trial {trial}: {mismatch.report}")
+            trial_stats = first_error_stats(expected, actual)
+            stats = {key: max(stats[key], trial_stats[key]) for key in stats}
+        _check_idle(session)
+        _check_harness(session)
+        return {"outcome": "correct", "trials": trials, "atol": atol, "rtol": rtol, **stats}
+
+    return _run_stage("verify", body, problem_source, candidate_source, config)
+
+
+def _echo_ms(observed_ms: list[float]) -> float:
+    """The p90 of empty calls' round trips: more than an honest call's own overhead takes nine
+    times out of ten, whatever the load on the machine, since the echoes run between its calls."""
+    return _percentile(sorted(observed_ms), 0.9)
+
+
+def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list[Call], list[float], list]:
+    """Warm-up, then timed calls until min_timed_runs are done and the budget is spent (or
+    max_timed_runs), with an empty call (echo) before about one in ECHO_SHARE of them and before the
+    first ECHO_CALLS; returns (timed calls, echo round trips, judged sample). With `judge`, the sample
+    is a reservoir sample of the timed calls' outputs and the last one's, as (call index, call,
+    output), and one call in RECORDED_TIMED_SHARE on average records its ops."""
+    for _ in range(config.warmup_runs + secrets.randbelow(3)):
+        _call(session)
+    timed: list[Call] = []
+    echoes: list[float] = []
+    sample: list[tuple[int, Call, Any]] = []
+    spent_ms = 0.0
+    for index in range(config.max_timed_runs):
+        if len(echoes) < ECHO_CALLS or secrets.randbelow(ECHO_SHARE) == 0:
+            with session.spending("echo"):
+                echoes.append(_call(session, echo=True).observed_ms)
+        record = judge and secrets.randbelow(RECORDED_TIMED_SHARE) == 0
+        with session.spending("watched_calls") if record else contextlib.nullcontext():
+            call = _call(session, record=record)
+        if record:
+            _check_ops(session, call, config)
+        else:
+            timed.append(call)
+        spent_ms += call.claimed_ms
+        last = index == config.max_timed_runs - 1 or (
+            len(timed) >= config.min_timed_runs and spent_ms >= config.timing_budget_s * 1000
+        )
+        if judge and last:
+            sample.append((index, call, _snapshot(session, call)))
+        elif judge and len(sample) < JUDGED_TIMED_CALLS:
+            sample.append((index, call, _snapshot(session, call)))
+        elif judge and (slot := secrets.randbelow(index + 1)) < JUDGED_TIMED_CALLS:
+            sample[slot] = (index, call, _snapshot(session, call))
+        if last:
+            break
+    return timed, echoes, sample
+
+
+def summarize(calls: list[Call], echo_ms: float) -> dict[str, Any]:
+    """Each call's time is its claim, or what the orchestrator saw it take less `echo_ms` (an empty
+    call's round trip, high side) where that is more: a claim below it is not borne out. Median,
+    p10 and p90 of those; `timing_source` says which most calls kept."""
+    floors = [max(0.0, c.observed_ms - echo_ms) for c in calls]
+    times = sorted(max(c.claimed_ms, floor) for c, floor in zip(calls, floors))
+    kept_claims = sum(c.claimed_ms >= floor for c, floor in zip(calls, floors))
+    return {
+        "median_ms": statistics.median(times),
+        "p10_ms": _percentile(times, 0.1),
+        "p90_ms": _percentile(times, 0.9),
+        "runs": len(times),
+        "claimed_ms": statistics.median(c.claimed_ms for c in calls),
+        "observed_ms": statistics.median(floors),
+        "timing_source": "claimed" if 2 * kept_claims >= len(calls) else "observed",
+    }
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    position = fraction * (len(sorted_values) - 1)
+    low = int(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+def _check_harness(session: Session) -> None:
+    """The worker's own look at whether the candidate replaced harness or torch functions (a first
+    line, INTEGRITY.md row 9: nothing it could patch decides anything here)."""
+    reply = session.talk.ask({"step": "check"})
+    if "outcome" in reply:
+        raise Stop(_claimed_failure(reply))
+
+
+def _check_idle(session: Session) -> None:
+    busy_ms, idle_ms = session.busy_ns / 1e6, session.idle_ns / 1e6
+    if busy_ms > max(BUSY_MIN_MS, BUSY_SHARE * idle_ms):
+        excerpt = (
+            f"the worker used {busy_ms:.1f} ms of CPU time in the {idle_ms:.1f} ms between its calls: work that "
+            "goes on after a call reported its output done, or starts before the next call, escapes the timing"
+        )
+        raise _failure("integrity_violation", "busy_between_calls", excerpt)
+
+
+def time_candidate(
+    problem_source: str, candidate_source: str, config: RunConfig, trusted_echo_ms: float | None = None
+) -> dict[str, Any]:
+    """The candidate's median/p10/p90 time (see `summarize`) with its judged sample, or the outcome
+    that stopped it."""
+
+    def body(session: Session) -> dict[str, Any]:
+        from tasks.harness.checks import compare_outputs
+
+        timed, echoes, sample = _timed_calls(session, config, judge=True)
+        # a candidate can slow its own empty calls, never the trusted baseline's
+        echo_ms = min(_echo_ms(echoes), trusted_echo_ms if trusted_echo_ms is not None else float("inf"))
+        _check_idle(session)
+        _check_harness(session)
+        for index, call, actual in sample:
+            with session.spending("judge"):
+                inputs = trusted.make_inputs(session.runtime, call.seed)
+                mismatch, _, _ = compare_outputs(trusted.reference_output(session.runtime, inputs), actual)
+            if mismatch:
+                excerpt = f"the output of timed call {index} is wrong: {mismatch.report}"
+                raise _failure("integrity_violation", "timed_output", excerpt)
+        summary = summarize(timed, echo_ms)
+        result = {
+            "outcome": "correct",
+            "runtime_ms": summary["median_ms"],
+            "runtime_p10_ms": summary["p10_ms"],
+            "runtime_p90_ms": summary["p90_ms"],
+            "timed_runs": summary["runs"],
+            "claimed_ms": summary["claimed_ms"],
+            "observed_ms": summary["observed_ms"],
+            "timing_source": summary["timing_source"],
+            "echo_ms": echo_ms,
+            "judged_calls": sorted(index for index, _, _ in sample),
+        }
+        return {**result, **_roofline(session.runtime, summary["median_ms"])}
+
+    return _run_stage("time", body, problem_source, candidate_source, config)
+
+
+def _roofline(runtime: trusted.ProblemRuntime, runtime_ms: float) -> dict[str, Any]:
+    from tasks import roofline
+
+    name = _device_name(str(runtime.device))
+    bounds = roofline.bounds(roofline.device_peak(name), runtime.input_bytes, runtime.output_bytes, runtime.flops)
+    verdict, fraction = roofline.assess(runtime_ms, bounds)
+    if verdict == "impossible":
+        excerpt = (
+            f"{runtime_ms:.4g} ms is less than writing the {runtime.output_bytes} output bytes at the peak "
+            f"bandwidth of {name} takes ({bounds.write_floor_ms:.4g} ms)"
+        )
+        raise _failure("integrity_violation", "impossible_speed", excerpt)
+    return {"roofline_fraction": fraction, "roofline_suspect": verdict == "suspect"}
+
+
+@functools.cache
+def _device_name(device_key: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device_key)) if device_key.startswith("cuda") else "cpu"
+
+
+def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
+    """The reference timed eagerly and under torch.compile, with the same calls as a candidate's,
+    in a trusted worker; and `echo_ms`, its empty call's round trip, which bounds candidates' claims."""
+
+    def body(session: Session) -> dict[str, Any]:
+        timed, echoes, _ = _timed_calls(session, config, judge=False)
+        echo_ms = _echo_ms(echoes)
+        eager = summarize(timed, echo_ms)
+        result: dict[str, Any] = {
+            "outcome": "correct",
+            "eager_ms": eager["median_ms"],
+            "eager_p10_ms": eager["p10_ms"],
+            "eager_p90_ms": eager["p90_ms"],
+            "compile_ms": None,
+            "torch_compile_error": None,
+            "echo_ms": echo_ms,
+        }
+        if config.torch_compile_baseline:
+            reply = session.talk.ask({"step": "compile"})
+            if "outcome" in reply:
+                result["torch_compile_error"] = str(reply.get("error_excerpt"))[-4000:]
+            else:
+                timed, echoes, _ = _timed_calls(session, config, judge=False)
+                result["compile_ms"] = summarize(timed, _echo_ms(echoes))["median_ms"]
+        return result
+
+    return _run_stage("baseline", body, problem_source, None, config)

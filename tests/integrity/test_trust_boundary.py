@@ -1,0 +1,162 @@
+"""INTEGRITY.md rows 12-20: the candidate owns its process, so nothing it computes decides anything.
+
+Each cheat here does what a candidate can do in its own process (frames, patched harness code,
+threads, call counting, torch's global flags) and each asserts the exact result the orchestrator
+reaches from what it saw itself; the honest twins must stay `correct`, also with every core busy.
+The candidates skip the static pre-check on purpose (evaluate_in_worker runs the stages without it):
+it is a first line, and these test what stands behind it. Row 13's file and process isolation is
+in tests/tasks/harness/test_sandbox.py, rows 16 and 18 on a GPU in test_gpu_cheats.py.
+"""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tasks import drive
+from tasks.judge import evaluate_in_worker
+from tests.integrity.test_cheats import HONEST, RELU, RELU_BODY, SLOW_RELU_BODY, kernel_candidate
+
+SLOW_RELU = kernel_candidate(SLOW_RELU_BODY + "\nreturn y")
+TIMED_OUTPUT = ("integrity_violation", "timed_output")
+
+
+def stages(problem: str, candidate: str, config) -> dict:
+    """compile, verify and time in order, up to the first that does not pass; the last result."""
+    for stage in ("compile", "verify", "time"):
+        result = evaluate_in_worker(stage, problem, candidate, config)
+        if result["outcome"] != "correct":
+            return {**result, "stage": stage}
+    return {**result, "stage": "time"}
+
+
+def test_row12_a_forged_clock_behind_a_blinded_guard_gains_nothing(config):
+    """The harness clock in the worker is replaced by one that runs 100x slow, and the guard that
+    would notice is replaced by one that never does (what C++ running Python can do after the guard
+    has looked): the claims are 100x too small, the orchestrator's clock is not."""
+    forged = kernel_candidate(
+        SLOW_RELU_BODY + "\nreturn y",
+        prelude="""
+        import sys, time
+        session = sys.modules["tasks.harness.session"]
+        _real = time.perf_counter
+        session._clock = lambda: _real() / 100
+        sys.modules["tasks.harness.guard"].patched = lambda bindings: []
+        """,
+    )
+    honest = stages(RELU, SLOW_RELU, config)
+    cheat = stages(RELU, forged, config)
+    assert honest["outcome"] == cheat["outcome"] == "correct", (honest, cheat)
+    assert cheat["claimed_ms"] < honest["runtime_ms"] / 20, cheat  # the claims really are forged
+    assert cheat["timing_source"] == "observed", cheat
+    assert cheat["runtime_ms"] > 0.5 * honest["runtime_ms"], (cheat, honest)
+
+
+def test_row14_computing_only_on_the_first_calls_is_caught_on_a_timed_call(config):
+    """Verify makes a few calls; a candidate that computes for its first four calls and returns
+    garbage after them passes verify and is caught on the timed calls the orchestrator judges."""
+    counting = kernel_candidate(
+        "self.calls += 1\nif self.calls > 4:\n    return torch.zeros_like(x)\n" + RELU_BODY, init="    self.calls = 0"
+    )
+    result = stages(RELU, counting, config)
+    assert (result["stage"], result["outcome"], result["error_class"]) == ("time", *TIMED_OUTPUT)
+    assert "the output of timed call" in result["error_excerpt"]
+
+
+def test_row14_computing_only_when_torch_flags_say_it_is_watched_is_caught(config):
+    """The attack that told verify from timing by torch's deterministic mode: the flags now differ
+    only on the few calls the orchestrator watches, and it judges unwatched timed calls too."""
+    flagged = kernel_candidate(
+        "if not torch.are_deterministic_algorithms_enabled():\n    return torch.zeros_like(x)\n" + RELU_BODY
+    )
+    result = stages(RELU, flagged, config)
+    assert (result["stage"], result["outcome"], result["error_class"]) == ("time", *TIMED_OUTPUT)
+
+
+def test_row17_a_thread_that_works_between_calls_is_caught(config):
+    """A persistent thread that computes while the orchestrator prepares the next call."""
+    threaded = kernel_candidate(
+        RELU_BODY,
+        init="""
+    import threading
+    def work():
+        while True:
+            sum(range(10000))
+    threading.Thread(target=work, daemon=True).start()
+""",
+    )
+    result = stages(RELU, threaded, config)
+    assert (result["outcome"], result["error_class"]) == ("integrity_violation", "busy_between_calls"), result
+    assert result["stage"] == "verify"
+
+
+def test_row17_its_honest_twin_with_an_idle_thread_is_correct(config):
+    idle = kernel_candidate(
+        RELU_BODY,
+        init="""
+    import threading, time
+    threading.Thread(target=lambda: time.sleep(3600), daemon=True).start()
+""",
+    )
+    assert stages(RELU, idle, config)["outcome"] == "correct"
+
+
+def test_row17_output_finished_by_a_thread_after_forward_returns_is_caught(config):
+    late = kernel_candidate(
+        """
+        import threading, time
+        y = torch.empty_like(x)
+        def finish():
+            time.sleep(0.05)
+            lib.relu(x, y, x.numel())
+        threading.Thread(target=finish).start()
+        return y
+        """
+    )
+    result = stages(RELU, late, config)
+    assert result["stage"] == "verify" and result["outcome"] in ("numerical_mismatch", "integrity_violation"), result
+
+
+def test_row19_a_time_below_writing_the_outputs_is_impossible():
+    """However the time came about, one shorter than writing the outputs at the device's peak
+    bandwidth is refused (the orchestrator's floor makes it unreachable for a session)."""
+    runtime = drive.trusted.runtime_for(RELU, "cpu", None, 0)
+    with pytest.raises(drive.Stop) as stop:
+        drive._roofline(runtime, 1e-9)
+    assert (stop.value.outcome["outcome"], stop.value.outcome["error_class"]) == (
+        "integrity_violation",
+        "impossible_speed",
+    )
+    assert drive._roofline(runtime, 10.0)["roofline_fraction"] > 0
+
+
+def test_timing_keeps_claims_the_observation_bears_out():
+    calls = [drive.Call(0, claimed_ms=1.0, observed_ms=1.3, ops=None, inputs=[]) for _ in range(9)]
+    kept = drive.summarize(calls, echo_ms=0.4)
+    assert (kept["median_ms"], kept["timing_source"]) == (1.0, "claimed")
+    forged = [drive.Call(0, claimed_ms=0.01, observed_ms=1.3, ops=None, inputs=[]) for _ in range(9)]
+    floor = drive.summarize(forged, echo_ms=0.4)
+    assert floor["timing_source"] == "observed" and floor["median_ms"] == pytest.approx(0.9)
+
+
+@pytest.fixture
+def busy_cores():
+    """Every core busy with a spinning process for the test (at most 10 minutes)."""
+    spin = "import time\nend = time.time() + 600\nwhile time.time() < end:\n    pass\n"
+    import os
+
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
+    time.sleep(0.5)
+    yield
+    for spinner in spinners:
+        spinner.kill()
+        spinner.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["relu", "relu-fifty-times-over", "scale-copies"])
+def test_row20_honest_twins_stay_correct_with_every_core_busy(name, config, busy_cores):
+    problem, candidate = HONEST[name]
+    result = stages(problem, candidate, config)
+    assert result["outcome"] == "correct", result
