@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 3  # 2: agents F and G; 3: the LLM soft check
+SCHEMA_VERSION = 4  # 2: agents F and G; 3: the LLM soft check; 4: the trust boundary's evidence
 
 OUTCOMES = (
     "generation_failed",
@@ -97,6 +97,15 @@ ATTEMPTS_SCHEMA = _schema(
         ("soft_check_error", pa.string()),
         ("soft_check_tokens_in", pa.int64()),
         ("soft_check_tokens_out", pa.int64()),
+        # how the time was decided (tasks/drive.py): "claimed" or "observed", both medians, and the
+        # seeds of the timed calls whose outputs the orchestrator judged (JSON list)
+        ("timing_source", pa.string()),
+        ("claimed_ms", pa.float64()),
+        ("observed_ms", pa.float64()),
+        ("judged_seeds", pa.string()),
+        ("roofline_fraction", pa.float64()),
+        ("roofline_suspect", pa.bool_()),
+        ("isolation", pa.string()),  # the worker's sandbox layers (JSON), as its last stage reported them
         ("created_at", _UTC_TIMESTAMP),
     ],
 )

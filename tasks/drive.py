@@ -8,15 +8,15 @@ than the orchestrator saw it take (INTEGRITY.md rows 12, 14, 15, 17):
 
 - The worker's claimed time (CUDA events on the GPU, its own clock on the cpu) is the precise one
   and is kept for a call only where the orchestrator's observation bears it out: a call's time is
-  at least what the orchestrator saw it take less the round trip of an empty call (`echo`, its p90,
-  from empty calls between the timed ones, and never more than the trusted baseline worker's).
-  An honest claim is above that floor nine times in ten whatever the load; a forged one gains at
-  most the echo's spread.
+  at least what the orchestrator saw it take less the round trip of an empty call (`echo`: every
+  step of a call but the model; the median of empty calls between the timed ones, never more than
+  the trusted baseline worker's). An honest claim is as often above that floor as below it,
+  whatever the load, so its median stands; a forged claim gains nothing on the median.
 - Verify judges every call's output. Timing judges a sample drawn by the orchestrator as the calls
   go (reservoir sampling, so no call knows whether it will be judged) and always the last call; a
   wrong output there is `integrity_violation`/`timed_output`. The number of calls varies.
 - The worker's processes must be idle between calls: CPU time they use while the orchestrator
-  prepares the next call (read from /proc in a random third of the gaps: a thread that finishes
+  prepares the next call (read from /proc in every gap of verify and a random third of timing's: a thread that finishes
   outputs late, or computes while inputs arrive) is `integrity_violation`/`busy_between_calls`.
 - A time below what writing the outputs at the device's peak bandwidth takes is
   `integrity_violation`/`impossible_speed`; every timed attempt gets its `roofline_fraction`
@@ -25,6 +25,7 @@ than the orchestrator saw it take (INTEGRITY.md rows 12, 14, 15, 17):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -49,6 +50,7 @@ RECORDED_TIMED_SHARE = 10  # one timed call in this many also records its dispat
 BUSY_SHARE = 0.25  # of the time between calls, summed over the session ...
 BUSY_MIN_MS = 20.0  # ... and at least this much CPU time in all
 CPU_FLUSH_BYTES = 64 << 20
+INPUTS_AHEAD_BYTES = 256 << 20
 WATCHED_GAP_SHARE = 3  # one gap between calls in this many, at random, has the worker's CPU time read
 
 
@@ -90,6 +92,8 @@ class Session:
     runtime: trusted.ProblemRuntime
     buffers: Buffers
     isolation: dict[str, str] | None = None  # the layers the worker reports (tasks/harness/sandbox.py)
+    ahead: collections.deque = field(default_factory=collections.deque)  # (seed, inputs) made before
+    watched_gap_share: int = WATCHED_GAP_SHARE  # verify, with its few calls, watches every gap
     busy_ns: int = 0
     idle_ns: int = 0
     _replied_at: tuple[float, int] | None = None
@@ -130,9 +134,12 @@ def _request(mode: str, problem_source: str, candidate_source: str | None, confi
 
 
 @contextlib.contextmanager
-def _session(stage: str, problem_source: str, candidate_source: str | None, config: RunConfig) -> Iterator[Session]:
+def _session(
+    stage: str, problem_source: str, candidate_source: str | None, config: RunConfig, calls_ahead: int = 0
+) -> Iterator[Session]:
     """A started session worker with its buffers attached; Stop with the outcome when the problem,
-    the worker or its set-up fails."""
+    the worker or its set-up fails. On the cpu the inputs of the first `calls_ahead` calls are made
+    while the worker starts (at most INPUTS_AHEAD_BYTES of them): this process would only wait."""
     model = "reference" if stage == "baseline" else "candidate"
     request = _request("session", problem_source, candidate_source, config, model)
     pool = worker_pool(config.effective_worker_pool())
@@ -142,14 +149,28 @@ def _session(stage: str, problem_source: str, candidate_source: str | None, conf
             runtime = trusted.runtime_for(problem_source, config.backend, request.size_preset, request.init_seed)
         except trusted.ReferenceFailed as exc:
             raise _failure("runtime_error", "reference_failed", str(exc)) from None
+        started = time.perf_counter()
+        ahead = _inputs_ahead(runtime, calls_ahead)
+        made = time.perf_counter()
         ready = talk.receive()
         if "outcome" in ready:
             raise Stop(_claimed_failure(ready))
         buffers = _attach(talk, runtime)
+        session = Session(talk, runtime, buffers, isolation=ready.get("isolation"), ahead=ahead)
+        if time.perf_counter() - made < 0.001:  # the worker was ready before the inputs were: count them
+            session.check_s["inputs"] = made - started
         try:
-            yield Session(talk, runtime, buffers, isolation=ready.get("isolation"))
+            yield session
         finally:
             buffers.close()
+
+
+def _inputs_ahead(runtime: trusted.ProblemRuntime, calls: int) -> collections.deque:
+    if runtime.device.type != "cpu" or calls <= 0:  # a GPU makes inputs in microseconds
+        return collections.deque()
+    count = min(calls, INPUTS_AHEAD_BYTES // max(runtime.input_bytes, 1))
+    seeds = [trusted.new_seed() for _ in range(count)]
+    return collections.deque((seed, trusted.make_inputs(runtime, seed)) for seed in seeds)
 
 
 def _claimed_failure(reply: dict[str, Any]) -> dict[str, Any]:
@@ -270,12 +291,16 @@ def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
     from tasks.harness import modules
 
     runtime, buffers = session.runtime, session.buffers
-    seed = trusted.new_seed()
-    with session.spending("inputs"):
-        inputs = trusted.make_inputs(runtime, seed)
-        for target, value in zip(buffers.inputs, inputs):
-            if target is not None:
-                target.copy_(value)
+    seed, inputs = 0, []
+    if not echo:  # an empty call reads no inputs
+        with session.spending("inputs"):
+            seed, inputs = session.ahead.popleft() if session.ahead else (seed, None)
+            if inputs is None:
+                seed = trusted.new_seed()
+                inputs = trusted.make_inputs(runtime, seed)
+            for target, value in zip(buffers.inputs, inputs):
+                if target is not None:
+                    target.copy_(value)
     scalars = {str(i): v for i, v in enumerate(inputs) if not isinstance(v, torch.Tensor)}
     _flush(runtime.device)
     modules.synchronize(runtime.device)
@@ -290,7 +315,7 @@ def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
     reply = session.talk.receive()
     ended = time.perf_counter()
     session._replied_at = None
-    if secrets.randbelow(WATCHED_GAP_SHARE) == 0:  # reading /proc costs: a random sample of the gaps
+    if secrets.randbelow(session.watched_gap_share) == 0:  # reading /proc costs: a sample of the gaps
         with session.spending("watch"):
             session._replied_at = (ended, _cpu_ns(session.talk.pid))
     session.calls += 1
@@ -335,10 +360,12 @@ def _check_ops(session: Session, call: Call, config: RunConfig) -> None:
         raise _failure("integrity_violation", "reference_op", excerpt)
 
 
-def _run_stage(stage: str, body, problem_source: str, candidate_source: str | None, config: RunConfig) -> dict:
+def _run_stage(
+    stage: str, body, problem_source: str, candidate_source: str | None, config: RunConfig, calls_ahead: int = 0
+) -> dict:
     started = time.perf_counter()
     try:
-        with _session(stage, problem_source, candidate_source, config) as session:
+        with _session(stage, problem_source, candidate_source, config, calls_ahead) as session:
             result = body(session)
             result["check_s"] = dict(session.check_s)
             isolation = session.isolation
@@ -358,10 +385,12 @@ def verify(problem_source: str, candidate_source: str, config: RunConfig) -> dic
     """`correct` with tolerances and the largest errors, or the first call's failure. Every call's
     output is judged and every call records the ops it dispatched; the number of calls varies."""
 
+    trials = config.correctness_trials + secrets.randbelow(2)
+
     def body(session: Session) -> dict[str, Any]:
         from tasks.harness.checks import compare_outputs, first_error_stats
 
-        trials = config.correctness_trials + secrets.randbelow(2)
+        session.watched_gap_share = 1
         stats, atol, rtol = {"max_abs_err": 0.0, "max_rel_err": 0.0}, 0.0, 0.0
         for trial in range(trials):
             call = _call(session, record=True)
@@ -378,13 +407,15 @@ def verify(problem_source: str, candidate_source: str, config: RunConfig) -> dic
         _check_harness(session)
         return {"outcome": "correct", "trials": trials, "atol": atol, "rtol": rtol, **stats}
 
-    return _run_stage("verify", body, problem_source, candidate_source, config)
+    return _run_stage("verify", body, problem_source, candidate_source, config, calls_ahead=trials)
 
 
 def _echo_ms(observed_ms: list[float]) -> float:
-    """The p90 of empty calls' round trips: more than an honest call's own overhead takes nine
-    times out of ten, whatever the load on the machine, since the echoes run between its calls."""
-    return _percentile(sorted(observed_ms), 0.9)
+    """The median of empty calls' round trips. An empty call runs every step of a call but the
+    model, between the timed calls, so under the same load: what an honest call takes beyond its
+    claim is as often above it as below, and a forged claim gains nothing on the median. (The p90
+    left a forged claim the echo's spread: 2.2x on a loaded 2-core machine.)"""
+    return statistics.median(observed_ms)
 
 
 def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list[Call], list[float], list]:
@@ -423,6 +454,11 @@ def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list
         if last:
             break
     return timed, echoes, sample
+
+
+def _expected_calls(config: RunConfig) -> int:
+    """The calls a timing session makes at most (warm-up, timed and watched ones)."""
+    return config.warmup_runs + 2 + config.max_timed_runs
 
 
 def summarize(calls: list[Call], echo_ms: float) -> dict[str, Any]:
@@ -501,10 +537,11 @@ def time_candidate(
             "timing_source": summary["timing_source"],
             "echo_ms": echo_ms,
             "judged_calls": sorted(index for index, _, _ in sample),
+            "judged_seeds": [str(call.seed) for _, call, _ in sorted(sample, key=lambda s: s[0])],
         }
         return {**result, **_roofline(session.runtime, summary["median_ms"])}
 
-    return _run_stage("time", body, problem_source, candidate_source, config)
+    return _run_stage("time", body, problem_source, candidate_source, config, _expected_calls(config))
 
 
 def _roofline(runtime: trusted.ProblemRuntime, runtime_ms: float) -> dict[str, Any]:
@@ -555,4 +592,5 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
                 result["compile_ms"] = summarize(timed, _echo_ms(echoes))["median_ms"]
         return result
 
-    return _run_stage("baseline", body, problem_source, None, config)
+    calls = _expected_calls(config) * (2 if config.torch_compile_baseline else 1)
+    return _run_stage("baseline", body, problem_source, None, config, calls)

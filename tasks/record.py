@@ -117,8 +117,23 @@ def attempt_row(
         "soft_check_error": None,
         "soft_check_tokens_in": 0,
         "soft_check_tokens_out": 0,
+        "timing_source": timing.get("timing_source"),
+        "claimed_ms": timing.get("claimed_ms"),
+        "observed_ms": timing.get("observed_ms"),
+        "judged_seeds": json.dumps(timing["judged_seeds"]) if timing.get("judged_seeds") else None,
+        "roofline_fraction": timing.get("roofline_fraction"),
+        "roofline_suspect": timing.get("roofline_suspect"),
+        "isolation": _isolation(stage_results),
         "created_at": datetime.now(timezone.utc),
     }
+
+
+def _isolation(stage_results: dict[str, dict[str, Any]]) -> str | None:
+    """The sandbox layers of the attempt's last worker (JSON), e.g. {"pid": "ok", "user": "refused: ..."}."""
+    for result in reversed(list(stage_results.values())):
+        if isinstance(result.get("isolation"), dict):
+            return json.dumps(result["isolation"], sort_keys=True)
+    return None
 
 
 def _record_key(_context: Any, parameters: dict[str, Any]) -> str:

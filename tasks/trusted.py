@@ -25,6 +25,7 @@ KEPT_RUNTIMES = 8
 # at a time, so a seed gives the same inputs whenever they are made again for judging.
 _generator_lock = threading.Lock()
 _runtimes_lock = threading.Lock()
+_profiler_lock = threading.Lock()
 _runtimes: OrderedDict[tuple, ProblemRuntime] = OrderedDict()
 
 
@@ -80,7 +81,8 @@ def _build(problem_source: str, backend: str, size_preset: str | None, init_seed
             reference = modules.build_model(module, module.Model, init_seed, device)
             inputs = _inputs(module, new_seed(), device)
         with torch.no_grad():
-            output, ops = record_ops(reference, *inputs)
+            with _profiler_lock:  # one torch profiler per process at a time
+                output, ops = record_ops(reference, *inputs, all_threads=False)
         modules.synchronize(device)
         flops = _flops(reference, inputs)
     except Exception as exc:  # noqa: BLE001 - whatever the problem file raises

@@ -154,3 +154,30 @@ def test_no_timed_call_gets_inputs_seen_before(config):
     for stage in ("compile", "verify", "time"):
         result = evaluate_in_worker(stage, PROBLEM, remembering, gpu)
         assert result["outcome"] == "correct", (stage, result)
+
+
+@pytest.fixture
+def busy_gpu():
+    """Another process keeping the GPU busy with matmuls for the test (at most 10 minutes)."""
+    import subprocess
+    import sys
+    import time
+
+    load = (
+        "import time, torch\na = torch.randn(8192, 8192, device='cuda')\nend = time.time() + 600\n"
+        "while time.time() < end:\n    a @ a\n    torch.cuda.synchronize()\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", load])
+    time.sleep(5)  # its CUDA context and first matmuls
+    yield
+    process.kill()
+    process.wait()
+
+
+def test_honest_kernels_stay_correct_while_another_process_keeps_the_gpu_busy(config, busy_gpu):
+    """INTEGRITY.md row 20 on the GPU host: a check that fires on a busy GPU is a defect."""
+    gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
+    for candidate in (HONEST, relu_candidate(on_side_stream=False)):
+        for stage in ("compile", "verify", "time"):
+            result = evaluate_in_worker(stage, PROBLEM, candidate, gpu)
+            assert result["outcome"] == "correct", (stage, result)
