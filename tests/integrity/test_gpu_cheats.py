@@ -57,11 +57,6 @@ def test_work_hidden_on_a_side_stream_is_charged_to_the_call(config):
     assert hidden["runtime_ms"] > 0.8 * honest["runtime_ms"], (hidden, honest)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known hole, measured on an H200: a ~20 us launch on a private stream is charged only in part "
-    "(0.032 ms against the honest 0.054 ms): it hides inside the echo's p90 that the floor subtracts",
-)
 def test_one_small_launch_on_a_private_stream_is_charged_too(config):
     """The attack that beat the 0.1 ms floor: one ~20 us ReLU on a private non-blocking stream."""
     gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
