@@ -8,7 +8,7 @@
 2. pool: workers started ahead of need (torch imported, CUDA context made; `worker_pool`), still
    one process per stage, one candidate after another.
 3. pool + parallel: P candidates at a time from a thread pool; compiles run side by side on the
-   CPU cores while verify and time hold the GPU slot one at a time (`tasks.isolate._gpu_slot`).
+   CPU cores while verify and time hold the GPU slot one at a time (`tasks.slots._gpu_slot`).
 
 4. run_suite flow (--flow): `kforge run` itself, through `flows.suite.run_suite` with
    `parallel_problems` P, the offline reference agent and iterations 0 (one candidate per problem,

@@ -11,8 +11,9 @@ from tasks.analyze import analyze_task, failed_analysis, wants_analysis, with_an
 from tasks.compile import compile_task
 from tasks.generate import GenerationRequest, backoff_delays, failed_generation, generate_task
 from tasks.measure import baseline_task, time_task
+from tasks.policy import after_attempt, broken_reference
 from tasks.problems import Problem
-from tasks.record import attempt_row, feedback_from_row, record_attempt_task
+from tasks.record import attempt_row, record_attempt_task
 from tasks.softcheck import failed_soft_check, needs_model_notice, soft_check_task, wants_soft_check, with_soft_check
 from tasks.verify import verify_task
 
@@ -53,12 +54,8 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
         stage_results = {}
         if reply.candidate_source:
             baseline = baseline or baseline_task(problem, config)
-            if baseline["outcome"] != "correct":
-                get_run_logger().error(
-                    "%s: the reference itself fails, skipping the problem\n%s",
-                    problem.problem_id,
-                    baseline.get("error_excerpt"),
-                )
+            if reason := broken_reference(problem.problem_id, baseline):
+                get_run_logger().error(reason)
                 return rows
             stage_results = evaluate_candidate(problem, reply.candidate_source, config, baseline)
         parent = rows[-1]["attempt_id"] if rows else None
@@ -77,7 +74,8 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
             analysis = state.result() if state.is_completed() else failed_analysis(state.result(False))
             row, recommendation = with_analysis(row, analysis), analysis.recommendation
         rows.append(record_attempt_task(row, config.results_dir))
-        previous_source, feedback = reply.candidate_source, feedback_from_row(row)
-        if reply.exhausted:
+        step = after_attempt(reply, row, recommendation)
+        previous_source, feedback, recommendation = step.previous_source, step.feedback, step.recommendation
+        if step.stop:
             break
     return rows

@@ -18,14 +18,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tasks import isolate
+from tasks import slots
 from tasks.harness.protocol import WorkerRequest, encode
 from tasks.isolate import (
     RESIDENT_CHECK_S,
     Limits,
-    WorkerPool,
     _kill_session,
     _log_tail,
     _outcome_from_exit,
@@ -34,6 +33,9 @@ from tasks.isolate import (
     _Worker,
     _worker_env,
 )
+
+if TYPE_CHECKING:
+    from tasks.pool import WorkerPool
 
 MAX_REPLY_BYTES = 1 << 20
 
@@ -155,7 +157,7 @@ def conversation(
     timing = slot_mode in ("time", "baseline")
     nonce = secrets.token_hex(16)
     request_json = replace(request, threads=threads, nonce=nonce, limits=_limits_for_worker(limits)).to_json()
-    with isolate._device_slot({"backend": request.backend, "mode": slot_mode}):
+    with slots.device_slot(request.backend, slot_mode):
         start = time.perf_counter()
         if pool is not None:
             worker = pool.take(env, warm_device, refill_now=not timing)

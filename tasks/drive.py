@@ -41,7 +41,8 @@ from kforge.config import RunConfig
 from tasks import trusted
 from tasks.channel import Conversation, WorkerEnded, conversation
 from tasks.harness.protocol import WorkerRequest
-from tasks.isolate import Limits, worker_pool
+from tasks.isolate import Limits
+from tasks.pool import worker_pool
 
 ECHO_CALLS = 5  # empty calls before the first timed calls; then one before about one in ECHO_SHARE
 ECHO_SHARE = 4

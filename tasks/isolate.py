@@ -11,7 +11,6 @@ worker at all is an infrastructure error.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -21,16 +20,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kforge.results import OUTCOMES
+from tasks import slots
 from tasks.harness import sandbox
 from tasks.harness.protocol import WorkerRequest
+
+if TYPE_CHECKING:
+    from tasks.pool import WorkerPool
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LOG_TAIL_CHARS = 4000
@@ -182,69 +183,6 @@ def _start_worker(argv: list[str], env: dict[str, str], stdin: int, request_json
     return _Worker(process, control, work, log_file)
 
 
-class WorkerPool:
-    """Workers started ahead of need: torch imported and, on a GPU backend, the CUDA context made,
-    each waiting for exactly one request. Every request still gets a process of its own that exits
-    after it, so a candidate that corrupts its process or its CUDA context takes only itself down.
-
-    Processes are started from one long-lived thread: the workers' parent-death signal fires when
-    the thread that started them ends, and Prefect's task threads come and go. A spare is replaced
-    as soon as it is taken, except after timing stages, whose replacement waits until the timing
-    worker has finished so a starting interpreter does not steal CPU from a measurement.
-    (Holding timing stages until every spare had warmed up, and starting none during them, halved
-    the H100 throughput of 8 candidates in flight, 2,850 -> 1,457 per GPU-hour, and was dropped.)
-    """
-
-    def __init__(self, size: int):
-        self.size = size
-        self._spares: dict[tuple, list[_Worker]] = {}
-        self._lock = threading.Lock()
-        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kforge-worker-starter")
-        atexit.register(self.close)
-
-    def _start_standby(self, env: dict[str, str], warm_device: str) -> _Worker:
-        argv = ["--standby", "{control}", warm_device]
-        return self._starter.submit(_start_worker, argv, env, subprocess.PIPE).result()
-
-    def _refill(self, key: tuple, env: dict[str, str], warm_device: str) -> None:
-        def fill() -> None:
-            with self._lock:
-                missing = self.size - len(self._spares.get(key, []))
-            for _ in range(max(0, missing)):
-                worker = _start_worker(["--standby", "{control}", warm_device], env, subprocess.PIPE)
-                with self._lock:
-                    self._spares.setdefault(key, []).append(worker)
-
-        self._starter.submit(fill)
-
-    def take(self, env: dict[str, str], warm_device: str, refill_now: bool) -> _Worker:
-        """A waiting worker for this environment (started now if none is ready). Spares kept for
-        another environment (another run's cache or threads) are closed: one run's at a time."""
-        key = (tuple(sorted(env.items())), warm_device)
-        with self._lock:
-            stale = [w for other, workers in self._spares.items() if other != key for w in workers]
-            self._spares = {key: self._spares.get(key, [])}
-            ready = self._spares[key]
-            worker = ready.pop(0) if ready else None
-        for spare in stale:
-            _close(spare)
-        if worker is None or worker.process.poll() is not None:
-            worker = self._start_standby(env, warm_device)
-        if refill_now:
-            self._refill(key, env, warm_device)
-        return worker
-
-    def refill(self, env: dict[str, str], warm_device: str) -> None:
-        self._refill((tuple(sorted(env.items())), warm_device), env, warm_device)
-
-    def close(self) -> None:
-        with self._lock:
-            spares = [w for workers in self._spares.values() for w in workers]
-            self._spares.clear()
-        for worker in spares:
-            _close(worker)
-
-
 def _close(worker: _Worker) -> None:
     _kill_session(worker.process)
     worker.log_file.close()
@@ -252,75 +190,7 @@ def _close(worker: _Worker) -> None:
     worker.work.cleanup()
 
 
-_pools: dict[int, WorkerPool] = {}
-
-
-def worker_pool(size: int) -> WorkerPool | None:
-    """The process-wide pool of `size` spares (None for size 0: start each worker on demand)."""
-    if size <= 0:
-        return None
-    with _pool_lock:
-        return _pools.setdefault(size, WorkerPool(size))
-
-
-_pool_lock = threading.Lock()
 RESIDENT_CHECK_S = 0.1
-TIMING_MODES = ("time", "baseline")
-GPU_MODES = ("reference", "verify", "time", "baseline")  # every stage that runs on the device
-# One GPU stage at a time per process (this host's GPU): compiles of other candidates run beside
-# it on the CPU cores, but two candidates never share the GPU while one of them is measured.
-_gpu_slot = threading.Lock()
-
-
-class _SharedOrAlone:
-    """Held by any number of stages at once (`shared`) or by one stage alone (`alone`); a stage
-    waiting to be alone goes first, so a stream of shared stages cannot starve it."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._sharing = 0
-        self._alone = False
-        self._waiting_alone = 0
-
-    @contextlib.contextmanager
-    def shared(self):
-        with self._changed:
-            self._changed.wait_for(lambda: not self._alone and not self._waiting_alone)
-            self._sharing += 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._sharing -= 1
-                self._changed.notify_all()
-
-    @contextlib.contextmanager
-    def alone(self):
-        with self._changed:
-            self._waiting_alone += 1
-            self._changed.wait_for(lambda: not self._alone and not self._sharing)
-            self._waiting_alone -= 1
-            self._alone = True
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._alone = False
-                self._changed.notify_all()
-
-
-# On the cpu backend the cores are the device: a timing stage runs alone, while compiles and checks
-# of other problems may overlap one another (one lock for every cpu stage would make parallel problems
-# sequential again, and worker start-up and g++ are most of a problem's wall time).
-_cpu_cores = _SharedOrAlone()
-
-
-def _device_slot(request: dict[str, Any]):
-    """The slot a stage of `request["mode"]` holds while its worker runs: the GPU, or the CPU cores."""
-    if request.get("backend") == "cpu":
-        return _cpu_cores.alone() if request.get("mode") in TIMING_MODES else _cpu_cores.shared()
-    on_gpu = request.get("backend") in ("cuda", "triton") and request.get("mode") in GPU_MODES
-    return _gpu_slot if on_gpu else contextlib.nullcontext()
 
 
 def run_worker(
@@ -341,7 +211,7 @@ def run_worker(
     limits_for_worker = {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb}
     nonce = secrets.token_hex(16)
     request_json = replace(request, threads=threads, limits=limits_for_worker, nonce=nonce).to_json()
-    with _device_slot({"backend": request.backend, "mode": request.mode}):
+    with slots.device_slot(request.backend, request.mode):
         start = time.perf_counter()
         if pool is not None:
             worker = pool.take(env, warm_device, refill_now=True)

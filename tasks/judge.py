@@ -14,7 +14,8 @@ from typing import Any
 
 from kforge.config import RunConfig
 from tasks import drive
-from tasks.isolate import run_worker, worker_pool
+from tasks.isolate import run_worker
+from tasks.pool import worker_pool
 
 
 def evaluate_in_worker(

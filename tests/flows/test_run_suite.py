@@ -23,7 +23,7 @@ from tests_flows_helpers import retry_flow_run
 
 from flows.suite import run_suite
 from kforge import results
-from tasks import isolate
+from tasks import slots
 
 SMOKE = Path(__file__).resolve().parents[2] / "data" / "problems" / "smoke"
 
@@ -129,18 +129,18 @@ def test_parallel_problems_overlap_and_timing_runs_alone(prefect_server, tmp_pat
     for name in ("1_gelu", "1_matmul"):  # CPU kernels without drafts: one correct candidate each
         (suite / f"{name}.py").write_text((SMOKE / f"{name}.py").read_text() + "\n# parallel problems\n")
     held = []  # (mode, entered, left) of every worker stage while it held its device slot
-    device_slot = isolate._device_slot
+    device_slot = slots.device_slot
 
     @contextlib.contextmanager
-    def recorded_slot(request):
-        with device_slot(request):
+    def recorded_slot(backend, mode):
+        with device_slot(backend, mode):
             entered = time.monotonic()
             try:
                 yield
             finally:
-                held.append((request["mode"], entered, time.monotonic()))
+                held.append((mode, entered, time.monotonic()))
 
-    monkeypatch.setattr(isolate, "_device_slot", recorded_slot)
+    monkeypatch.setattr(slots, "device_slot", recorded_slot)
     results_dir = tmp_path / "results"
     run_config = config.model_copy(
         update={"suite": str(suite), "results_dir": str(results_dir), "iterations": 0, "parallel_problems": 2}
@@ -167,7 +167,7 @@ def test_parallel_problems_overlap_and_timing_runs_alone(prefect_server, tmp_pat
     ]
     assert (attempts["runtime_ms"] > 0).all() and (attempts["eager_ms"] > 0).all()
     # On the cpu backend nothing else holds a worker while a candidate or a baseline is timed.
-    timed = [stage for stage in held if stage[0] in isolate.TIMING_MODES]
+    timed = [stage for stage in held if stage[0] in slots.TIMING_MODES]
     assert len(timed) == 4  # a baseline and a candidate per problem
     for stage in timed:
         beside = [other for other in held if other is not stage and other[1] < stage[2] and stage[1] < other[2]]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.isolate import worker_pool
 from tasks.judge import evaluate_in_worker
+from tasks.pool import worker_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = (ROOT / "data" / "problems" / "smoke" / "1_relu.py").read_text()
