@@ -21,18 +21,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from tasks.harness.protocol import OUTCOMES  # one list, shared with the harness
+
 SCHEMA_VERSION = 4  # 2: agents F and G; 3: the LLM soft check; 4: the trust boundary's evidence
 
-OUTCOMES = (
-    "generation_failed",
-    "compile_error",
-    "runtime_error",
-    "timeout",
-    "shape_mismatch",
-    "numerical_mismatch",
-    "integrity_violation",
-    "correct",
-)
+
 RUN_STATUSES = ("running", "finished", "failed")
 BASELINES = ("eager", "compile", "best")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks import slots
-from tasks.harness.protocol import WorkerRequest, encode
+from tasks.harness.protocol import WorkerRequest, encode, failure
 from tasks.isolate import (
     RESIDENT_CHECK_S,
     Limits,
@@ -86,9 +86,7 @@ class Conversation:
                     _kill_session(self.worker.process)
                     log = _log_tail(self.control_path / "worker.log")
                     excerpt = f"killed at {in_use} MB resident, over the limit of {self.limits.resident_mb} MB\n{log}"
-                    raise WorkerEnded(
-                        {"outcome": "runtime_error", "error_class": "out_of_memory", "error_excerpt": excerpt}
-                    )
+                    raise WorkerEnded(failure("runtime_error", "out_of_memory", excerpt))
             wait_s = min(self.deadline - now, RESIDENT_CHECK_S if self.limits.resident_mb else 1.0)
             ready, _, _ = select.select([stream], [], [], max(0.0, wait_s))
             if not ready:
@@ -98,13 +96,7 @@ class Conversation:
                 raise WorkerEnded(self._ended())
             self._pending += chunk
             if len(self._pending) > MAX_REPLY_BYTES:
-                raise WorkerEnded(
-                    {
-                        "outcome": "integrity_violation",
-                        "error_class": "malformed_reply",
-                        "error_excerpt": "reply too long",
-                    }
-                )
+                raise WorkerEnded(failure("integrity_violation", "malformed_reply", "reply too long"))
         line, self._pending = self._pending.split(b"\n", 1)
         try:
             reply = json.loads(line)
@@ -112,9 +104,7 @@ class Conversation:
             reply = None
         if not isinstance(reply, dict):
             excerpt = f"the worker's reply is not a JSON object: {line[:200]!r}"
-            raise WorkerEnded(
-                {"outcome": "integrity_violation", "error_class": "malformed_reply", "error_excerpt": excerpt}
-            )
+            raise WorkerEnded(failure("integrity_violation", "malformed_reply", excerpt))
         return reply
 
     def ask(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -124,11 +114,7 @@ class Conversation:
     def _timed_out(self) -> dict[str, Any]:
         _kill_session(self.worker.process)
         log = _log_tail(self.control_path / "worker.log")
-        return {
-            "outcome": "timeout",
-            "error_class": "wall_time_limit",
-            "error_excerpt": f"no result after {self.limits.wall_s:g} s\n{log}",
-        }
+        return failure("timeout", "wall_time_limit", f"no result after {self.limits.wall_s:g} s\n{log}")
 
     def _ended(self) -> dict[str, Any]:
         try:

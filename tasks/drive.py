@@ -40,7 +40,7 @@ from typing import Any
 from kforge.config import RunConfig
 from tasks import trusted
 from tasks.channel import Conversation, WorkerEnded, conversation
-from tasks.harness.protocol import WorkerRequest
+from tasks.harness.protocol import WorkerRequest, failure
 from tasks.isolate import Limits
 from tasks.pool import worker_pool
 
@@ -64,7 +64,7 @@ class Stop(Exception):
 
 
 def _failure(outcome: str, error_class: str, excerpt: str) -> Stop:
-    return Stop({"outcome": outcome, "error_class": error_class, "error_excerpt": excerpt})
+    return Stop(failure(outcome, error_class, excerpt))
 
 
 @dataclass
@@ -179,11 +179,7 @@ def _claimed_failure(reply: dict[str, Any]) -> dict[str, Any]:
     outcome = reply.get("outcome")
     if outcome not in ("compile_error", "runtime_error", "timeout", "shape_mismatch", "integrity_violation"):
         outcome = "runtime_error"
-    return {
-        "outcome": outcome,
-        "error_class": str(reply.get("error_class"))[:200],
-        "error_excerpt": str(reply.get("error_excerpt"))[-4000:],
-    }
+    return failure(outcome, str(reply.get("error_class"))[:200], str(reply.get("error_excerpt"))[-4000:])
 
 
 def _attach(talk: Conversation, runtime: trusted.ProblemRuntime) -> Buffers:

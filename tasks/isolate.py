@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kforge.results import OUTCOMES
 from tasks import slots
 from tasks.harness import sandbox
-from tasks.harness.protocol import WorkerRequest
+from tasks.harness.protocol import WorkerRequest, failure
 
 if TYPE_CHECKING:
     from tasks.pool import WorkerPool
@@ -120,21 +120,9 @@ def _outcome_from_exit(returncode: int, log: str, limits: Limits) -> dict[str, A
     if returncode < 0:
         name = signal.Signals(-returncode).name
         if name == "SIGXCPU":
-            return {
-                "outcome": "timeout",
-                "error_class": "cpu_time_limit",
-                "error_excerpt": f"exceeded the CPU-time limit of {limits.cpu_s} s\n{log}",
-            }
-        return {
-            "outcome": "runtime_error",
-            "error_class": name,
-            "error_excerpt": f"worker killed by {name}\n{log}",
-        }
-    return {
-        "outcome": "runtime_error",
-        "error_class": "no_result",
-        "error_excerpt": f"worker exited with code {returncode} without a valid result\n{log}",
-    }
+            return failure("timeout", "cpu_time_limit", f"exceeded the CPU-time limit of {limits.cpu_s} s\n{log}")
+        return failure("runtime_error", name, f"worker killed by {name}\n{log}")
+    return failure("runtime_error", "no_result", f"worker exited with code {returncode} without a valid result\n{log}")
 
 
 @dataclass
@@ -243,26 +231,21 @@ def _run_request(worker: _Worker, limits: Limits, start: float, waiting: bool, n
             _kill_session(worker.process)
         log = _log_tail(worker.control_path / "worker.log")
         if timed_out:
-            result = {
-                "outcome": "timeout",
-                "error_class": "wall_time_limit",
-                "error_excerpt": f"no result after {limits.wall_s:g} s\n{log}",
-            }
+            result = failure("timeout", "wall_time_limit", f"no result after {limits.wall_s:g} s\n{log}")
         elif over_mb is not None:
-            result = {
-                "outcome": "runtime_error",
-                "error_class": "out_of_memory",
-                "error_excerpt": f"killed at {over_mb} MB resident, over the limit of {limits.resident_mb} MB\n{log}",
-            }
+            result = failure(
+                "runtime_error",
+                "out_of_memory",
+                f"killed at {over_mb} MB resident, over the limit of {limits.resident_mb} MB\n{log}",
+            )
         else:
             result = _read_result(result_path)
             if result is not None and result.pop("nonce", None) != nonce:
-                result = {
-                    "outcome": "integrity_violation",
-                    "error_class": "forged_result",
-                    "error_excerpt": "the result file does not carry this request's nonce: the candidate wrote it\n"
-                    + log,
-                }
+                result = failure(
+                    "integrity_violation",
+                    "forged_result",
+                    "the result file does not carry this request's nonce: the candidate wrote it\n" + log,
+                )
             result = result or _outcome_from_exit(returncode if returncode is not None else 0, log, limits)
     finally:
         _kill_session(worker.process)

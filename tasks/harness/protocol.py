@@ -15,6 +15,26 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+# Every attempt ends in exactly one of these (DESIGN.md, "Outcomes").
+OUTCOMES = (
+    "generation_failed",
+    "compile_error",
+    "runtime_error",
+    "timeout",
+    "shape_mismatch",
+    "numerical_mismatch",
+    "integrity_violation",
+    "correct",
+)
+
+
+def failure(outcome: str, error_class: str, excerpt: str) -> dict[str, Any]:
+    """The one shape of a failed stage's result: outcome, error_class and error_excerpt."""
+    if outcome not in OUTCOMES or outcome == "correct":
+        raise ValueError(f"not a failure outcome: {outcome!r}")
+    return {"outcome": outcome, "error_class": error_class, "error_excerpt": excerpt}
+
+
 # What a session worker builds and runs: the candidate's ModelNew, or the trusted reference Model
 # (timed eagerly, then under torch.compile after a `compile` step).
 MODEL_KINDS = ("candidate", "reference")

@@ -28,7 +28,7 @@ from tasks.harness import guard, modules
 from tasks.harness.buffers import DTYPES, file_view, typed
 from tasks.harness.checks import as_tensor_list
 from tasks.harness.dispatch import record_ops
-from tasks.harness.protocol import Layout, WorkerRequest, encode
+from tasks.harness.protocol import Layout, WorkerRequest, encode, failure
 
 _clock = time.perf_counter
 _Event = torch.cuda.Event
@@ -45,7 +45,7 @@ class Failure(Exception):
         self.outcome, self.error_class, self.excerpt = outcome, error_class, excerpt
 
     def message(self) -> dict[str, Any]:
-        return {"outcome": self.outcome, "error_class": self.error_class, "error_excerpt": self.excerpt}
+        return failure(self.outcome, self.error_class, self.excerpt)
 
 
 def serve(
