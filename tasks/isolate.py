@@ -95,6 +95,7 @@ def _worker_env(kernel_cache: Path, threads: int | None) -> dict[str, str]:
     # OpenMP threads sleep as soon as a parallel region ends instead of spinning: a worker is idle
     # between calls, which the orchestrator checks (tasks/drive.py), and so is a baseline's.
     env["OMP_WAIT_POLICY"] = "PASSIVE"
+    env["KINETO_LOG_LEVEL"] = "6"  # the op recording of watched calls: no profiler lines in the log
     return env
 
 
