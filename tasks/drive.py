@@ -85,6 +85,10 @@ class Call:
     observed_ms: float
     ops: list[str] | None
     inputs: list[Any]
+    echo: bool = False
+    # GPU: how long a tiny operation of this process waited for the device right after this call's
+    # reply. Work the worker left running past its reply holds the device (contexts take turns).
+    settle_ms: float = 0.0
 
 
 @dataclass
@@ -98,6 +102,7 @@ class Session:
     busy_ns: int = 0
     idle_ns: int = 0
     _replied_at: tuple[float, int] | None = None
+    _previous: Call | None = None
     calls: int = 0
     # seconds spent on the checks, by kind (benchmarks/integrity_overhead.py reports their share)
     check_s: dict[str, float] = field(default_factory=dict)
@@ -288,6 +293,7 @@ def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
     from tasks.harness import modules
 
     runtime, buffers = session.runtime, session.buffers
+    _settle(session)
     seed, inputs = 0, []
     if not echo:  # an empty call reads no inputs
         with session.spending("inputs"):
@@ -324,7 +330,28 @@ def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
     ops = reply.get("ops") if record else None
     if record and not (isinstance(ops, list) and all(isinstance(op, str) for op in ops)):
         raise _failure("integrity_violation", "malformed_reply", "a recorded call reported no op list")
-    return Call(seed, float(claimed), (ended - started) * 1000, ops, inputs)
+    session._previous = Call(seed, float(claimed), (ended - started) * 1000, ops, inputs, echo=echo)
+    return session._previous
+
+
+def _settle(session: Session) -> None:
+    """On a GPU, time a tiny operation of this process right after the previous call's reply and
+    charge it to that call (its `settle_ms`)."""
+    if session._previous is None or session.runtime.device.type != "cuda":
+        return
+    import torch
+
+    started = time.perf_counter()
+    _probe(str(session.runtime.device)).add_(1)
+    torch.cuda.synchronize(session.runtime.device)
+    session._previous.settle_ms = (time.perf_counter() - started) * 1000
+
+
+@functools.cache
+def _probe(device_key: str) -> Any:
+    import torch
+
+    return torch.zeros(1, device=device_key)
 
 
 def _snapshot(session: Session, call: Call) -> Any:
@@ -407,15 +434,20 @@ def verify(problem_source: str, candidate_source: str, config: RunConfig) -> dic
     return _run_stage("verify", body, problem_source, candidate_source, config, calls_ahead=trials)
 
 
-def _echo_ms(observed_ms: list[float]) -> float:
+def _echo_ms(echoes: list[Call]) -> float:
     """The median of empty calls' round trips. An empty call runs every step of a call but the
     model, between the timed calls, so under the same load: what an honest call takes beyond its
     claim is as often above it as below, and a forged claim gains nothing on the median. (The p90
     left a forged claim the echo's spread: 2.2x on a loaded 2-core machine.)"""
-    return statistics.median(observed_ms)
+    return statistics.median(echo.observed_ms for echo in echoes)
 
 
-def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list[Call], list[float], list]:
+def _settle_ms(echoes: list[Call]) -> float:
+    """The device's wait after an empty call (median): what a call that leaves nothing running costs."""
+    return statistics.median(echo.settle_ms for echo in echoes)
+
+
+def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list[Call], list[Call], list]:
     """Warm-up, then timed calls until min_timed_runs are done and the budget is spent (or
     max_timed_runs), with an empty call (echo) before about one in ECHO_SHARE of them and before the
     first ECHO_CALLS; returns (timed calls, echo round trips, judged sample). With `judge`, the sample
@@ -424,13 +456,13 @@ def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list
     for _ in range(config.warmup_runs + secrets.randbelow(3)):
         _call(session)
     timed: list[Call] = []
-    echoes: list[float] = []
+    echoes: list[Call] = []
     sample: list[tuple[int, Call, Any]] = []
     spent_ms = 0.0
     for index in range(config.max_timed_runs):
         if len(echoes) < ECHO_CALLS or secrets.randbelow(ECHO_SHARE) == 0:
             with session.spending("echo"):
-                echoes.append(_call(session, echo=True).observed_ms)
+                echoes.append(_call(session, echo=True))
         record = judge and secrets.randbelow(RECORDED_TIMED_SHARE) == 0
         with session.spending("watched_calls") if record else contextlib.nullcontext():
             call = _call(session, record=record)
@@ -450,6 +482,7 @@ def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list
             sample[slot] = (index, call, _snapshot(session, call))
         if last:
             break
+    _settle(session)
     return timed, echoes, sample
 
 
@@ -458,12 +491,15 @@ def _expected_calls(config: RunConfig) -> int:
     return config.warmup_runs + 2 + config.max_timed_runs
 
 
-def summarize(calls: list[Call], echo_ms: float) -> dict[str, Any]:
+def summarize(calls: list[Call], echo_ms: float, settle_ms: float = 0.0) -> dict[str, Any]:
     """Each call's time is its claim, or what the orchestrator saw it take less `echo_ms` (an empty
-    call's round trip, high side) where that is more: a claim below it is not borne out. Median,
-    p10 and p90 of those; `timing_source` says which most calls kept."""
+    call's round trip) where that is more: a claim below it is not borne out; plus what the device
+    stayed busy after its reply beyond `settle_ms` (the same wait after empty calls): work left
+    running past the reply is the call's. Median, p10 and p90 of those; `timing_source` says which
+    most calls kept."""
     floors = [max(0.0, c.observed_ms - echo_ms) for c in calls]
-    times = sorted(max(c.claimed_ms, floor) for c, floor in zip(calls, floors))
+    lags = [max(0.0, c.settle_ms - settle_ms) for c in calls]
+    times = sorted(max(c.claimed_ms, floor) + lag for c, floor, lag in zip(calls, floors, lags))
     kept_claims = sum(c.claimed_ms >= floor for c, floor in zip(calls, floors))
     return {
         "median_ms": statistics.median(times),
@@ -472,6 +508,7 @@ def summarize(calls: list[Call], echo_ms: float) -> dict[str, Any]:
         "runs": len(times),
         "claimed_ms": statistics.median(c.claimed_ms for c in calls),
         "observed_ms": statistics.median(floors),
+        "lag_ms": statistics.median(lags),
         "timing_source": "claimed" if 2 * kept_claims >= len(calls) else "observed",
     }
 
@@ -522,7 +559,7 @@ def time_candidate(
             if mismatch:
                 excerpt = f"the output of timed call {index} is wrong: {mismatch.report}"
                 raise _failure("integrity_violation", "timed_output", excerpt)
-        summary = summarize(timed, echo_ms)
+        summary = summarize(timed, echo_ms, _settle_ms(echoes))
         result = {
             "outcome": "correct",
             "runtime_ms": summary["median_ms"],
@@ -570,7 +607,7 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
     def body(session: Session) -> dict[str, Any]:
         timed, echoes, _ = _timed_calls(session, config, judge=False)
         echo_ms = _echo_ms(echoes)
-        eager = summarize(timed, echo_ms)
+        eager = summarize(timed, echo_ms, _settle_ms(echoes))
         result: dict[str, Any] = {
             "outcome": "correct",
             "eager_ms": eager["median_ms"],
@@ -586,7 +623,7 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
                 result["torch_compile_error"] = str(reply.get("error_excerpt"))[-4000:]
             else:
                 timed, echoes, _ = _timed_calls(session, config, judge=False)
-                result["compile_ms"] = summarize(timed, _echo_ms(echoes))["median_ms"]
+                result["compile_ms"] = summarize(timed, _echo_ms(echoes), _settle_ms(echoes))["median_ms"]
         return result
 
     calls = _expected_calls(config) * (2 if config.torch_compile_baseline else 1)

@@ -53,6 +53,39 @@ def test_row12_a_forged_clock_behind_a_blinded_guard_gains_nothing(config):
     assert cheat["runtime_ms"] > 0.5 * honest["runtime_ms"], (cheat, honest)
 
 
+# The harness's own call step replaced (and the guard blinded): past the first five calls, each
+# call's reply goes out at once and a thread computes the output afterwards.
+REPLIES_EARLY = kernel_candidate(
+    SLOW_RELU_BODY + "\nreturn y",
+    prelude="""
+    import sys, threading
+    session = sys.modules["tasks.harness.session"]
+    sys.modules["tasks.harness.guard"].patched = lambda bindings: []
+    honest_call, calls = session._call, [0]
+
+    def early(step, model, device, state, bindings, classify):
+        calls[0] += 1
+        if model is state.get("echo_model") or calls[0] <= 5:
+            return honest_call(step, model, device, state, bindings, classify)
+        inputs = [None if t is None else t.clone() for t in state["inputs"]]
+
+        def finish():
+            state["outputs"][0].copy_(model(*inputs))
+
+        threading.Thread(target=finish).start()
+        return {"claimed_ms": 0.001, "ops": [] if step.get("record") else None}
+
+    session._call = early
+    """,
+)
+
+
+def test_row17_replying_before_the_output_is_done_is_caught(config):
+    result = stages(RELU, REPLIES_EARLY, config)
+    assert result["stage"] == "time" and result["outcome"] == "integrity_violation", result
+    assert result["error_class"] in ("timed_output", "busy_between_calls"), result
+
+
 def test_row14_computing_only_on_the_first_calls_is_caught_on_a_timed_call(config):
     """Verify makes a few calls; a candidate that computes for its first four calls and returns
     garbage after them passes verify and is caught on the timed calls the orchestrator judges."""
