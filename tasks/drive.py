@@ -7,11 +7,11 @@ So a worker cannot know a call's inputs before the call starts, and cannot make 
 than the orchestrator saw it take (INTEGRITY.md rows 12, 14, 15, 17):
 
 - The worker's claimed time (CUDA events on the GPU, its own clock on the cpu) is the precise one
-  and is kept for a call only where the orchestrator's observation bears it out: a call's time is
-  at least what the orchestrator saw it take less the round trip of an empty call (`echo`: every
-  step of a call but the model; the median of empty calls between the timed ones, never more than
-  the trusted baseline worker's). An honest claim is as often above that floor as below it,
-  whatever the load, so its median stands; a forged claim gains nothing on the median.
+  and is kept only where the orchestrator's observation bears it out: the median claim must be at
+  least the median of what the orchestrator saw the calls take less the round trip of an empty
+  call (`echo`: every step of a call but the model; the median of empty calls between the timed
+  ones, never more than the trusted baseline worker's). Otherwise the observed times are the
+  result, so a forged claim gains nothing on the median.
 - Verify judges every call's output. Timing judges a sample drawn by the orchestrator as the calls
   go (reservoir sampling, so no call knows whether it will be judged) and always the last call; a
   wrong output there is `integrity_violation`/`timed_output`. The number of calls varies.
@@ -86,9 +86,6 @@ class Call:
     ops: list[str] | None
     inputs: list[Any]
     echo: bool = False
-    # GPU: how long a tiny operation of this process waited for the device right after this call's
-    # reply. Work the worker left running past its reply holds the device (contexts take turns).
-    settle_ms: float = 0.0
 
 
 @dataclass
@@ -293,7 +290,6 @@ def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
     from tasks.harness import modules
 
     runtime, buffers = session.runtime, session.buffers
-    _settle(session)
     seed, inputs = 0, []
     if not echo:  # an empty call reads no inputs
         with session.spending("inputs"):
@@ -332,26 +328,6 @@ def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
         raise _failure("integrity_violation", "malformed_reply", "a recorded call reported no op list")
     session._previous = Call(seed, float(claimed), (ended - started) * 1000, ops, inputs, echo=echo)
     return session._previous
-
-
-def _settle(session: Session) -> None:
-    """On a GPU, time a tiny operation of this process right after the previous call's reply and
-    charge it to that call (its `settle_ms`)."""
-    if session._previous is None or session.runtime.device.type != "cuda":
-        return
-    import torch
-
-    started = time.perf_counter()
-    _probe(str(session.runtime.device)).add_(1)
-    torch.cuda.synchronize(session.runtime.device)
-    session._previous.settle_ms = (time.perf_counter() - started) * 1000
-
-
-@functools.cache
-def _probe(device_key: str) -> Any:
-    import torch
-
-    return torch.zeros(1, device=device_key)
 
 
 def _snapshot(session: Session, call: Call) -> Any:
@@ -442,11 +418,6 @@ def _echo_ms(echoes: list[Call]) -> float:
     return statistics.median(echo.observed_ms for echo in echoes)
 
 
-def _settle_ms(echoes: list[Call]) -> float:
-    """The device's wait after an empty call (median): what a call that leaves nothing running costs."""
-    return statistics.median(echo.settle_ms for echo in echoes)
-
-
 def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list[Call], list[Call], list]:
     """Warm-up, then timed calls until min_timed_runs are done and the budget is spent (or
     max_timed_runs), with an empty call (echo) before about one in ECHO_SHARE of them and before the
@@ -482,7 +453,6 @@ def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list
             sample[slot] = (index, call, _snapshot(session, call))
         if last:
             break
-    _settle(session)
     return timed, echoes, sample
 
 
@@ -491,25 +461,23 @@ def _expected_calls(config: RunConfig) -> int:
     return config.warmup_runs + 2 + config.max_timed_runs
 
 
-def summarize(calls: list[Call], echo_ms: float, settle_ms: float = 0.0) -> dict[str, Any]:
-    """Each call's time is its claim, or what the orchestrator saw it take less `echo_ms` (an empty
-    call's round trip) where that is more: a claim below it is not borne out; plus what the device
-    stayed busy after its reply beyond `settle_ms` (the same wait after empty calls): work left
-    running past the reply is the call's. Median, p10 and p90 of those; `timing_source` says which
-    most calls kept."""
-    floors = [max(0.0, c.observed_ms - echo_ms) for c in calls]
-    lags = [max(0.0, c.settle_ms - settle_ms) for c in calls]
-    times = sorted(max(c.claimed_ms, floor) + lag for c, floor, lag in zip(calls, floors, lags))
-    kept_claims = sum(c.claimed_ms >= floor for c, floor in zip(calls, floors))
+def summarize(calls: list[Call], echo_ms: float) -> dict[str, Any]:
+    """The median of the claimed times, unless the median of what the orchestrator saw the calls
+    take less `echo_ms` (an empty call's round trip) is more: then the claims are not borne out and
+    the observed times are the result. Medians first: a per-call maximum would add every call's
+    host noise to an honest kernel of tens of microseconds. `timing_source` says which was kept."""
+    claimed = sorted(c.claimed_ms for c in calls)
+    observed = sorted(max(0.0, c.observed_ms - echo_ms) for c in calls)
+    credible = statistics.median(claimed) >= statistics.median(observed)
+    times = claimed if credible else observed
     return {
         "median_ms": statistics.median(times),
         "p10_ms": _percentile(times, 0.1),
         "p90_ms": _percentile(times, 0.9),
         "runs": len(times),
-        "claimed_ms": statistics.median(c.claimed_ms for c in calls),
-        "observed_ms": statistics.median(floors),
-        "lag_ms": statistics.median(lags),
-        "timing_source": "claimed" if 2 * kept_claims >= len(calls) else "observed",
+        "claimed_ms": statistics.median(claimed),
+        "observed_ms": statistics.median(observed),
+        "timing_source": "claimed" if credible else "observed",
     }
 
 
@@ -559,7 +527,7 @@ def time_candidate(
             if mismatch:
                 excerpt = f"the output of timed call {index} is wrong: {mismatch.report}"
                 raise _failure("integrity_violation", "timed_output", excerpt)
-        summary = summarize(timed, echo_ms, _settle_ms(echoes))
+        summary = summarize(timed, echo_ms)
         result = {
             "outcome": "correct",
             "runtime_ms": summary["median_ms"],
@@ -607,7 +575,7 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
     def body(session: Session) -> dict[str, Any]:
         timed, echoes, _ = _timed_calls(session, config, judge=False)
         echo_ms = _echo_ms(echoes)
-        eager = summarize(timed, echo_ms, _settle_ms(echoes))
+        eager = summarize(timed, echo_ms)
         result: dict[str, Any] = {
             "outcome": "correct",
             "eager_ms": eager["median_ms"],
@@ -623,7 +591,7 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
                 result["torch_compile_error"] = str(reply.get("error_excerpt"))[-4000:]
             else:
                 timed, echoes, _ = _timed_calls(session, config, judge=False)
-                result["compile_ms"] = summarize(timed, _echo_ms(echoes), _settle_ms(echoes))["median_ms"]
+                result["compile_ms"] = summarize(timed, _echo_ms(echoes))["median_ms"]
         return result
 
     calls = _expected_calls(config) * (2 if config.torch_compile_baseline else 1)

@@ -176,3 +176,44 @@ def test_honest_kernels_stay_correct_while_another_process_keeps_the_gpu_busy(co
         for stage in ("compile", "verify", "time"):
             result = evaluate_in_worker(stage, PROBLEM, candidate, gpu)
             assert result["outcome"] == "correct", (stage, result)
+
+
+# The harness's call step replaced (and the guard blinded): past the first five calls, each call
+# launches its kernels and replies at once, without waiting for the device.
+REPLIES_BEFORE_THE_DEVICE_IS_DONE = """
+import sys
+session = sys.modules["tasks.harness.session"]
+sys.modules["tasks.harness.guard"].patched = lambda bindings: []
+honest_call, calls = session._call, [0]
+
+def early(step, model, device, state, bindings, classify):
+    calls[0] += 1
+    if model is state.get("echo_model") or calls[0] <= 5:
+        return honest_call(step, model, device, state, bindings, classify)
+    state["outputs"][0].copy_(model(*[t for t in state["inputs"]]))  # queued, not waited for
+    return {"claimed_ms": 0.001, "ops": [] if step.get("record") else None}
+
+session._call = early
+"""
+
+
+@pytest.mark.xfail(
+    reason="known hole, measured on an H200: a candidate that replaces the harness's call step can reply "
+    "before its kernels finish; 20 ReLU launches (0.70 ms honest) came out at 0.041 ms, and a probe kernel "
+    "of the orchestrator's after the reply did not wait for them. The orchestrator needs its own view of the "
+    "device's completion (an event it records, or a trace) to close it.",
+)
+def test_replying_before_the_device_is_done_gains_nothing(config):
+    """Work still running on the device after a reply holds the device when the orchestrator next
+    uses it, and that wait is charged to the call (or the output it snapshots is wrong)."""
+    gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
+    slow = relu_candidate(on_side_stream=False)
+    early = slow.replace("import torch\n", "import torch\n" + REPLIES_BEFORE_THE_DEVICE_IS_DONE, 1)
+    assert early != slow
+    honest = evaluate_in_worker("time", PROBLEM, slow, gpu)
+    cheat = evaluate_in_worker("time", PROBLEM, early, gpu)
+    assert honest["outcome"] == "correct", honest
+    if cheat["outcome"] == "correct":
+        assert cheat["runtime_ms"] > 0.8 * honest["runtime_ms"], (cheat, honest)
+    else:
+        assert (cheat["outcome"], cheat["error_class"]) == ("integrity_violation", "timed_output"), cheat
