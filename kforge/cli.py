@@ -466,6 +466,88 @@ def report(
         typer.echo(table.to_string(index=False))
 
 
+@app.command()
+def compare(
+    run_a: Annotated[
+        str | None, typer.Argument(help="The earlier run id (alone: the run to check, against its previous run).")
+    ] = None,
+    run_b: Annotated[str | None, typer.Argument(help="The later run id, checked against RUN_A.")] = None,
+    results: Annotated[str, typer.Option(help="Results directory to read.")] = "data/results",
+) -> None:
+    """Regressions of one run against another (default: the latest finished run against the previous one of
+    the same suite, backend and model). Exit status 0: none, 1: regressions, 2: bad input."""
+    from kforge.compare import CompareError, compare_runs, comparison_text
+
+    if run_a is not None and run_b is None:
+        run_a, run_b = None, run_a
+    try:
+        comparison = compare_runs(results, run_a=run_a, run_b=run_b)
+    except CompareError as exc:
+        _fail(str(exc))
+    typer.echo(comparison_text(comparison))
+    raise typer.Exit(comparison.exit_code)
+
+
+@app.command()
+def wheelhouse(
+    dest: Annotated[Path, typer.Argument(metavar="DIR", help="Folder for the wheels (created if missing).")],
+    python: Annotated[
+        str, typer.Option(help="The GPU host's Python version, e.g. 3.12 (default: this one's).")
+    ] = f"{sys.version_info[0]}.{sys.version_info[1]}",
+    platform: Annotated[
+        str, typer.Option(help="The GPU host's platform tag; older manylinux tags are added.")
+    ] = "manylinux_2_28_x86_64",
+    find_links: Annotated[
+        list[Path] | None, typer.Option("--find-links", help="Take wheels only from this folder (no index).")
+    ] = None,
+) -> None:
+    """Download the wheels kforge needs, except torch, for a GPU host without internet
+    (there: bash scripts/install.sh --wheelhouse DIR)."""
+    from kforge.wheelhouse import WheelhouseError, build_wheelhouse
+
+    try:
+        built = build_wheelhouse(dest, python_version=python, platform=platform, find_links=find_links or ())
+    except WheelhouseError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    for note in built.notes:
+        typer.secho(note, fg=typer.colors.YELLOW, err=True)
+    typer.echo(built.summary())
+
+
+@app.command("compact")
+def compact_command(
+    results: Annotated[str, typer.Option(help="Results directory.")] = "data/results",
+    table: Annotated[str, typer.Option(help="attempts | runs | profiles | kb_updates | all.")] = "all",
+    date: Annotated[str | None, typer.Option(help="Only the partition of this run date (YYYY-MM-DD).")] = None,
+    before: Annotated[
+        str | None, typer.Option(help="Every partition older than this date (YYYY-MM-DD; default: today, UTC).")
+    ] = None,
+) -> None:
+    """Rewrite each date partition's small Parquet files into one; a load during it sees the same rows."""
+    from datetime import date as calendar_date
+
+    from kforge.compact import CompactError, compact
+
+    if date and before:
+        _fail("give --date or --before, not both")
+    days: dict[str, Any] = {"date": None, "before": None if date else datetime.now(timezone.utc).date()}
+    for name, value in (("date", date), ("before", before)):
+        if value:
+            try:
+                days[name] = calendar_date.fromisoformat(value)
+            except ValueError:
+                _fail(f"--{name} {value!r}: give a date as YYYY-MM-DD")
+    try:
+        done = compact(results, None if table == "all" else [table], day=days["date"], before=days["before"])
+    except (CompactError, ValueError) as exc:
+        _fail(str(exc))
+    changed = [c for c in done if c.changed]
+    for c in changed:
+        typer.echo(f"{c.table} date={c.date}: {c.files_before} files -> {c.files_after} ({c.rows} rows)")
+    typer.echo(f"{len(changed)} partition(s) compacted, {len(done) - len(changed)} already compact")
+
+
 def main() -> None:
     app(prog_name="kforge")
 

@@ -2,6 +2,7 @@
 
 Layout: ``<results_dir>/<table>/date=YYYY-MM-DD/part-<run_id>-<uuid8>.parquet`` (hive partitioned by
 run date). Files are written once and never modified; readers skip names starting with '.' or '_'.
+`kforge compact` (kforge/compact.py) replaces a partition's files by one holding the same rows.
 """
 
 from __future__ import annotations
@@ -248,6 +249,31 @@ def _empty_frame(schema: pa.Schema) -> pd.DataFrame:
     return frame
 
 
+_READ_TRIES = 10
+
+
+def _read_visible(table_dir: Path, schema: pa.Schema) -> pa.Table | None:
+    """The rows of every visible file of a table (None if there is none). kforge.compact deletes files
+    once the file holding their rows is visible; a read that listed one of them lists again."""
+    for tries_left in range(_READ_TRIES - 1, -1, -1):
+        files = _visible_files(table_dir) if table_dir.is_dir() else []
+        if not files:
+            return None
+        try:
+            dataset = ds.dataset(
+                files,
+                schema=schema.append(pa.field("date", pa.string())),
+                format="parquet",
+                partitioning=_PARTITIONING,
+                partition_base_dir=str(table_dir),
+            )
+            return dataset.to_table()
+        except FileNotFoundError:
+            if not tries_left:
+                raise
+    return None
+
+
 def load(table: str = "attempts", results_dir: str | Path = "data/results") -> pd.DataFrame:
     """Read every visible file of ``table`` into a DataFrame with the schema's columns plus ``date``.
 
@@ -256,18 +282,10 @@ def load(table: str = "attempts", results_dir: str | Path = "data/results") -> p
     per attempt_id (a retried run that redid an attempt wrote a second one). An absent table gives an empty frame.
     """
     schema = _schema_for(table)
-    table_dir = Path(results_dir) / table
-    files = _visible_files(table_dir) if table_dir.is_dir() else []
-    if not files:
+    arrow_table = _read_visible(Path(results_dir) / table, schema)
+    if arrow_table is None:
         return _empty_frame(schema)
-    dataset = ds.dataset(
-        files,
-        schema=schema.append(pa.field("date", pa.string())),
-        format="parquet",
-        partitioning=_PARTITIONING,
-        partition_base_dir=str(table_dir),
-    )
-    frame = dataset.to_table().to_pandas(types_mapper=_PANDAS_TYPES.get)
+    frame = arrow_table.to_pandas(types_mapper=_PANDAS_TYPES.get)
     if table == "runs":
         return _latest_run_rows(frame)
     frame = frame.sort_values("created_at", kind="stable", na_position="first")
