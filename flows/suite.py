@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -16,6 +16,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.transactions import CommitMode, transaction
 
 from flows.synthesize import synthesize_problem
+from kforge.compact import compact_before
 from kforge.config import RunConfig
 from tasks.problems import Problem, RejectedFile, load_suite
 from tasks.record import host_facts, record_run_task, run_row
@@ -38,6 +39,11 @@ def problem_task(problem: Problem, config: RunConfig, run_id: str) -> list[dict[
     # finished; committing each stage as it ends keeps them cached for a retry, as at the flow's top level.
     with transaction(commit_mode=CommitMode.EAGER):
         return synthesize_problem(problem, config, run_id)
+
+
+@task(name="compact-results", cache_policy=NO_CACHE)
+def compact_task(results_dir: str, today: date) -> None:
+    compact_before(results_dir, today)
 
 
 def seed_from(run_id: str) -> int:
@@ -91,6 +97,7 @@ def run_suite(config: RunConfig) -> dict[str, Any]:
     }
     status = "failed" if failed_problems else "finished"
     record_run_task(run_row(run_id, config, status, started_at, facts, summary), config.results_dir)
+    compact_task(config.results_dir, started_at.date())  # earlier days' partitions: one file each
     if failed_problems:
         raise SuiteFailed(
             f"{len(failed_problems)} problem(s) failed: {', '.join(failed_problems)}; "
