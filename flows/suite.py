@@ -6,6 +6,7 @@ import hashlib
 import uuid
 from collections import Counter
 from datetime import date, datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -46,11 +47,24 @@ def compact_task(results_dir: str, today: date) -> None:
     compact_before(results_dir, today)
 
 
+def suite_run_name() -> str:
+    """The suite's flow run name in the Prefect UI: suite, backend, model and date, e.g.
+    `smoke cpu gpt-4o 2026-12-01` (`reference` when no model writes the kernels)."""
+    started = flow_run.scheduled_start_time or datetime.now(timezone.utc)
+    config = flow_run.parameters.get("config")
+    try:
+        config = config if isinstance(config, RunConfig) else RunConfig.model_validate(config or {})
+    except ValueError:  # the flow's own parameter check reports the bad config; the name stays plain
+        return f"run-suite {started.date().isoformat()}"
+    model = config.llm.model or config.agent or "reference"
+    return f"{Path(config.suite).name or config.suite} {config.backend} {model} {started.date().isoformat()}"
+
+
 def seed_from(run_id: str) -> int:
     return int(hashlib.sha256(run_id.encode()).hexdigest()[:8], 16)
 
 
-@flow(name="run-suite")
+@flow(name="run-suite", flow_run_name=suite_run_name)
 def run_suite(config: RunConfig) -> dict[str, Any]:
     """Every problem of `config.suite` through the pipeline; returns counts per outcome."""
     logger = get_run_logger()

@@ -18,22 +18,39 @@ from tasks.softcheck import failed_soft_check, needs_model_notice, soft_check_ta
 from tasks.verify import verify_task
 
 
+def run_name(stage: str, problem: Problem, iteration: int | None) -> str:
+    """A task run's name in the Prefect UI: `compile 1_relu #0` (stage, problem id, iteration)."""
+    name = f"{stage} {problem.problem_id}" + (f" #{iteration}" if iteration is not None else "")
+    return name.replace("{", "{{").replace("}", "}}")  # Prefect formats the name with the task's parameters
+
+
 def evaluate_candidate(
-    problem: Problem, candidate_source: str, config: RunConfig, baseline: dict[str, Any] | None = None
+    problem: Problem,
+    candidate_source: str,
+    config: RunConfig,
+    baseline: dict[str, Any] | None = None,
+    iteration: int | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run the stages in order, stopping at the first one that does not pass."""
-    stage_results = {"compile": compile_task(problem, candidate_source, config)}
+    """Run the stages in order, stopping at the first one that does not pass; `iteration` names the task runs."""
+    compile_, verify, time = (
+        stage_task.with_options(task_run_name=run_name(stage_task.name, problem, iteration))
+        for stage_task in (compile_task, verify_task, time_task)
+    )
+    stage_results = {"compile": compile_(problem, candidate_source, config)}
     if stage_results["compile"]["outcome"] == "correct":
-        stage_results["verify"] = verify_task(problem, candidate_source, config)
+        stage_results["verify"] = verify(problem, candidate_source, config)
     if stage_results.get("verify", {}).get("outcome") == "correct":
-        stage_results["time"] = time_task(problem, candidate_source, config, baseline)
+        stage_results["time"] = time(problem, candidate_source, config, baseline)
     return stage_results
 
 
-def _model_task(model_task, config: RunConfig):
-    """`model_task` with the run's retry policy for endpoint failures (exponential backoff)."""
+def _model_task(model_task, config: RunConfig, problem: Problem, iteration: int):
+    """`model_task` with the run's retry policy for endpoint failures (exponential backoff), named after
+    the problem and iteration."""
     return model_task.with_options(
-        retries=config.llm.retries, retry_delay_seconds=backoff_delays(config.llm.retries, config.llm.retry_delay_s)
+        retries=config.llm.retries,
+        retry_delay_seconds=backoff_delays(config.llm.retries, config.llm.retry_delay_s),
+        task_run_name=run_name(model_task.name, problem, iteration),
     )
 
 
@@ -49,7 +66,7 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
         request = GenerationRequest(
             problem, config.backend, iteration, previous_source, feedback, recommendation, config.reference_backend
         )
-        state = _model_task(generate_task, config)(request, config, run_id, return_state=True)
+        state = _model_task(generate_task, config, problem, iteration)(request, config, run_id, return_state=True)
         reply = state.result() if state.is_completed() else failed_generation(state.result(False), config)
         stage_results = {}
         if reply.candidate_source:
@@ -57,18 +74,18 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
             if reason := broken_reference(problem.problem_id, baseline):
                 get_run_logger().error(reason)
                 return rows
-            stage_results = evaluate_candidate(problem, reply.candidate_source, config, baseline)
+            stage_results = evaluate_candidate(problem, reply.candidate_source, config, baseline, iteration)
         parent = rows[-1]["attempt_id"] if rows else None
         row = attempt_row(run_id, problem, config, iteration, reply, stage_results, baseline, parent)
         if wants_soft_check(config, row):
-            state = _model_task(soft_check_task, config)(
+            state = _model_task(soft_check_task, config, problem, iteration)(
                 problem, reply.candidate_source, config, run_id, return_state=True
             )
             soft_check = state.result() if state.is_completed() else failed_soft_check(state.result(False))
             row = with_soft_check(row, soft_check)  # beside the outcome, which it never changes
         recommendation = None
         if wants_analysis(config, row, iteration):
-            state = _model_task(analyze_task, config)(
+            state = _model_task(analyze_task, config, problem, iteration)(
                 problem, reply.candidate_source, row, config, run_id, return_state=True
             )
             analysis = state.result() if state.is_completed() else failed_analysis(state.result(False))

@@ -11,7 +11,10 @@ from typing import Annotated, Any
 
 import typer
 
+from kforge.kb import kb_app
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app.add_typer(kb_app, name="kb", help="Show, diff, export and import the knowledge base (versions under the cache).")
 
 BackendOption = Annotated[str, typer.Option(help="Kernel backend: cpu | cuda | triton.")]
 
@@ -32,6 +35,35 @@ def _config_or_fail(**settings: Any):
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         _fail(problems)
+
+
+def _check_results_dir(results_dir: str) -> None:
+    """Fail in one line, before anything is evaluated, when results cannot be written under `results_dir`
+    (nothing is created: a missing folder is checked through the nearest folder that exists)."""
+    import tempfile
+
+    path = Path(results_dir).expanduser().absolute()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    try:
+        if existing is None or not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is not a folder")
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        _fail(f"results directory {results_dir} cannot be written ({reason}): give --results a writable folder")
+
+
+def _check_llm_extra() -> None:
+    """A model needs the `llm` extra; without it, one line saying how to install it (not a traceback)."""
+    import importlib
+
+    try:
+        for module in ("openai", "langchain_openai"):  # openai first: the one a user would recognise
+            importlib.import_module(module)
+    except ImportError as exc:
+        missing = getattr(exc, "name", None) or "openai"
+        _fail(f"a model needs the llm extra ({missing} is not installed): pip install -e '.[llm]'")
 
 
 def _prepare_prefect(cache_dir: str) -> None:
@@ -80,10 +112,11 @@ def _announce_agent(config) -> None:
         if config.performance_agent:
             typer.secho("The performance agent needs a model: it is off for this run.", fg=typer.colors.YELLOW)
         return
-    from tasks.llm import ModelCallError, check_endpoint, endpoint_name
-
     if not config.llm.model:
         _fail("--agent llm needs a model: give --model NAME (and --base-url URL for a local endpoint)")
+    _check_llm_extra()
+    from tasks.llm import ModelCallError, check_endpoint, endpoint_name
+
     try:
         check_endpoint(config.llm)
     except ModelCallError as exc:
@@ -191,7 +224,10 @@ def run(
     config = _config_or_fail(**settings)
     if not Path(config.suite).is_dir():
         _fail(f"problem suite {config.suite} is not a directory (give --suite a folder of KernelBench .py files)")
+    _check_results_dir(config.results_dir)
     _announce_agent(config)
+    if config.agent == "reference" and config.performance_agent:  # recorded as it ran: off
+        config = config.model_copy(update={"performance_agent": False})
     _prepare_prefect(config.cache_dir)
     from flows.suite import run_suite
 
@@ -254,7 +290,8 @@ def grid(
         {"base_url": base_url, "api_key_env": api_key_env},
     )
     base = _config_or_fail(**settings)
-    from kforge.config import grid_configs
+    _check_results_dir(base.results_dir)
+    from kforge.config import grid_plan
 
     axes = {
         "models": _split(models, str, "models"),
@@ -266,10 +303,14 @@ def grid(
         "performance_agent": _split(performance_agent, _on_off, "performance-agent"),
     }
     try:
-        combinations = grid_configs(base, **axes)
+        combinations, skipped = grid_plan(base, **axes)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         _fail(str(exc).splitlines()[0] + ": " + " ".join(str(exc).splitlines()[1:3]))
-    typer.echo(f"{len(combinations)} combinations of {base.suite}")
+    for reason in skipped:  # never run, so never recorded as if the agent had been on
+        typer.secho(reason, fg=typer.colors.YELLOW)
+    if not combinations:
+        _fail(f"none of the {len(skipped)} combinations can run as asked (see the lines above)")
+    typer.echo(f"{len(combinations)} combinations of {base.suite}" + (f" ({len(skipped)} skipped)" if skipped else ""))
     for model_settings in {c.llm.model: c for c in combinations}.values():
         _announce_agent(model_settings)
     _prepare_prefect(base.cache_dir)
@@ -389,9 +430,9 @@ def eval_one(
 
     try:
         parsed = parse_problem(problem)
-        candidate_source = candidate.read_text()
     except (OSError, ValueError) as exc:
         _fail(f"{getattr(exc, 'filename', None) or problem}: {exc}")
+    candidate_source = _read_candidate(candidate)
     config = _config_or_fail(backend=backend, cache_dir=cache, size_preset=size_preset, base_seed=seed)
     report: dict[str, Any] = {"problem": str(problem), "candidate": str(candidate)}
     for stage, evaluate in (
@@ -412,6 +453,23 @@ def eval_one(
     else:
         _print_eval(report)
     raise typer.Exit(0 if report["outcome"] == "correct" else 1)
+
+
+def _read_candidate(candidate: Path) -> str:
+    """The candidate's source, or a one-line error naming the candidate file (not the problem)."""
+    try:
+        data = candidate.read_bytes()
+    except OSError as exc:
+        _fail(f"{candidate}: cannot read the candidate ({exc.strerror or exc})")
+    if b"\0" in data:
+        _fail(f"{candidate}: the candidate is a binary file (NUL bytes), not Python source defining ModelNew")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        _fail(
+            f"{candidate}: the candidate is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            "save it as UTF-8 Python source"
+        )
 
 
 def _print_eval(report: dict[str, Any]) -> None:
@@ -449,9 +507,14 @@ def report(
 
     from kforge import results as results_lib
 
+    if baseline not in results_lib.BASELINES:
+        _fail(f"--baseline {baseline!r}: use one of {', '.join(results_lib.BASELINES)}")
     attempts = results_lib.load("attempts", results)
     if attempts.empty:
         _fail(f"no attempts recorded under {results}/attempts (run `kforge run` first)")
+    group_by = [column.strip() for column in by.split(",") if column.strip()]
+    if unknown := [column for column in group_by if column not in attempts.columns]:
+        _fail(f"--by {','.join(unknown)}: no such column; valid columns: {', '.join(attempts.columns)}")
     if since:
         attempts = attempts[attempts["created_at"] >= _parse_since(since)]
     if run_id == "latest":
@@ -460,7 +523,7 @@ def report(
         attempts = attempts[attempts["run_id"] == run_id]
     if attempts.empty:
         _fail("no attempts match the filters")
-    table = results_lib.report_table(attempts, by=tuple(by.split(",")), baseline=baseline)
+    table = results_lib.report_table(attempts, by=tuple(group_by), baseline=baseline)
     typer.echo(f"{len(attempts)} attempts, {attempts['run_id'].nunique()} run(s), speedup vs {baseline}")
     with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
         typer.echo(table.to_string(index=False))

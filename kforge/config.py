@@ -112,22 +112,23 @@ class RunConfig(BaseModel):
         return [base + offset + 17 * i + 3 for i in range(count)]
 
 
-def grid_configs(
+def grid_plan(
     base: RunConfig,
     models: list[str] | None = None,
     iterations: list[int] | None = None,
     reference_backends: list[str | None] | None = None,
     performance_agent: list[bool] | None = None,
-) -> list[RunConfig]:
-    """One RunConfig per combination of the given axes (an axis left out keeps `base`'s value), in
-    the order models x iterations x reference backends x performance agent."""
+) -> tuple[list[RunConfig], list[str]]:
+    """The combinations of the given axes that can run as asked, and one line per combination that
+    cannot (a performance agent or a soft check without a model), saying which and why: a skipped
+    combination is never run, so nothing is recorded as if it had run with a setting that was off."""
     combinations = itertools.product(
         models or [base.llm.model],
         iterations if iterations is not None else [base.iterations],
         reference_backends or [base.reference_backend],
         performance_agent or [base.performance_agent],
     )
-    configs = []
+    configs, skipped = [], []
     for model, iteration_count, reference_backend, with_analysis in combinations:
         settings = base.model_dump()
         settings["llm"]["model"] = model
@@ -137,5 +138,30 @@ def grid_configs(
             performance_agent=with_analysis,
             agent=base.agent if base.agent != "reference" or not model else None,
         )
-        configs.append(RunConfig(**settings))
-    return configs
+        config = RunConfig(**settings)
+        if config.agent == "llm":
+            configs.append(config)
+            continue
+        wanted = [name for name, on in (("performance agent", with_analysis), ("soft check", config.soft_check)) if on]
+        if not wanted:
+            configs.append(config)
+            continue
+        skipped.append(
+            f"skipped model={model} iterations={iteration_count} reference_backend={reference_backend} "
+            f"performance_agent={'on' if with_analysis else 'off'}: the {' and the '.join(wanted)} "
+            f"need{'s' if len(wanted) == 1 else ''} a model (give --models NAME)"
+        )
+    return configs, skipped
+
+
+def grid_configs(
+    base: RunConfig,
+    models: list[str] | None = None,
+    iterations: list[int] | None = None,
+    reference_backends: list[str | None] | None = None,
+    performance_agent: list[bool] | None = None,
+) -> list[RunConfig]:
+    """One RunConfig per combination of the given axes (an axis left out keeps `base`'s value), in
+    the order models x iterations x reference backends x performance agent; combinations that cannot
+    run as asked are left out (`grid_plan` says which and why)."""
+    return grid_plan(base, models, iterations, reference_backends, performance_agent)[0]

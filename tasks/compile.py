@@ -46,6 +46,7 @@ def _cache_key(_context: Any, parameters: dict[str, Any]) -> str:
 
 @task(
     name="compile",
+    task_run_name="compile {problem.problem_id}",  # flows/synthesize.py adds the iteration
     cache_key_fn=_cache_key,
     persist_result=True,
     retries=2,

@@ -210,7 +210,13 @@ def _generation_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
 retry_on_endpoint = retry_when(EndpointUnavailable)
 
 
-@task(name="generate", cache_key_fn=_generation_cache_key, persist_result=True, retry_condition_fn=retry_on_endpoint)
+@task(
+    name="generate",
+    task_run_name="generate {request.problem.problem_id} #{request.iteration}",
+    cache_key_fn=_generation_cache_key,
+    persist_result=True,
+    retry_condition_fn=retry_on_endpoint,
+)
 def generate_task(request: GenerationRequest, config: RunConfig, run_id: str) -> GenerationReply:
     return generate_candidate(request, config)
 

@@ -74,6 +74,7 @@ def _baseline_key(_context: Any, parameters: dict[str, Any]) -> str:
 
 @task(
     name="time",
+    task_run_name="time {problem.problem_id}",  # flows/synthesize.py adds the iteration
     cache_key_fn=_candidate_key,
     persist_result=True,
     retries=2,
@@ -88,6 +89,7 @@ def time_task(
 
 @task(
     name="baseline",
+    task_run_name="baseline {problem.problem_id}",  # once per problem and run: no iteration
     cache_key_fn=_baseline_key,
     persist_result=True,
     retries=2,

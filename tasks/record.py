@@ -147,6 +147,7 @@ def _record_key(_context: Any, parameters: dict[str, Any]) -> str:
 
 @task(
     name="record-attempt",
+    task_run_name="record-attempt {row[problem_id]} #{row[iteration]}",
     cache_key_fn=_record_key,
     persist_result=True,
     retries=2,
@@ -227,7 +228,7 @@ def run_row(
     }
 
 
-@task(name="record-run", retries=2, retry_delay_seconds=3)
+@task(name="record-run", task_run_name="record-run {row[status]}", retries=2, retry_delay_seconds=3)
 def record_run_task(row: dict[str, Any], results_dir: str) -> None:
     append_rows(results_dir, "runs", [row], run_id=row["run_id"])
 

@@ -33,6 +33,7 @@ def _cache_key(_context: Any, parameters: dict[str, Any]) -> str:
 
 @task(
     name="verify",
+    task_run_name="verify {problem.problem_id}",  # flows/synthesize.py adds the iteration
     cache_key_fn=_cache_key,
     persist_result=True,
     retries=2,

@@ -7,7 +7,7 @@ import pytest
 
 from flows.grid import run_grid
 from kforge import results
-from kforge.config import RunConfig, grid_configs
+from kforge.config import RunConfig, grid_configs, grid_plan
 
 SMOKE = Path(__file__).resolve().parents[2] / "data" / "problems" / "smoke"
 
@@ -22,6 +22,52 @@ def test_grid_configs_cover_every_combination_and_keep_the_rest():
     assert grid_configs(RunConfig(), iterations=[0])[0].agent == "reference"  # no model: the offline agent
     with pytest.raises(ValueError):
         grid_configs(base, reference_backends=["metal"])
+
+
+def test_a_performance_agent_or_soft_check_without_a_model_is_skipped_with_a_reason():
+    configs, skipped = grid_plan(RunConfig(), iterations=[0, 1], performance_agent=[False, True])
+    assert [(c.iterations, c.performance_agent, c.agent) for c in configs] == [
+        (0, False, "reference"),
+        (1, False, "reference"),
+    ]
+    assert skipped == [
+        f"skipped model=None iterations={n} reference_backend=None performance_agent=on: "
+        "the performance agent needs a model (give --models NAME)"
+        for n in (0, 1)
+    ]
+    assert (
+        grid_configs(RunConfig(), performance_agent=[False, True])
+        == grid_plan(RunConfig(), performance_agent=[False, True])[0]
+    )
+
+    with_model, none_skipped = grid_plan(RunConfig(), models=["m"], performance_agent=[False, True])
+    assert [c.performance_agent for c in with_model] == [False, True] and none_skipped == []
+
+    soft = RunConfig(soft_check=True)
+    assert grid_plan(soft, performance_agent=[False, True]) == (
+        [],
+        [
+            "skipped model=None iterations=1 reference_backend=None performance_agent=off: "
+            "the soft check needs a model (give --models NAME)",
+            "skipped model=None iterations=1 reference_backend=None performance_agent=on: "
+            "the performance agent and the soft check need a model (give --models NAME)",
+        ],
+    )
+
+
+def test_the_grid_flow_never_records_an_agent_that_was_off(prefect_server, config, tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    shutil.copy(SMOKE / "1_relu.py", suite / "1_relu.py")
+    base = config.model_copy(update={"suite": str(suite), "results_dir": str(tmp_path / "results"), "iterations": 0})
+
+    summaries = run_grid(base, performance_agent=[False, True])
+
+    assert len(summaries) == 1  # the "on" combination cannot run without a model: skipped, not run
+    attempts = results.load("attempts", base.results_dir)
+    assert attempts["performance_agent"].tolist() == [False]
+    runs = results.load("runs", base.results_dir)
+    assert [RunConfig.model_validate_json(c).performance_agent for c in runs["config"]] == [False]
 
 
 def test_single_shot_against_refinement_through_the_grid_flow(prefect_server, config, tmp_path):

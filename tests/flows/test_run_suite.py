@@ -36,7 +36,10 @@ def stage_states(tag: str) -> Counter:
             sort=TaskRunSort.EXPECTED_START_TIME_ASC,
             limit=200,
         )
-    return Counter((run.name.rsplit("-", 1)[0], run.state.name) for run in task_runs)
+    # Stage runs are named `compile 1_relu #0`, the rest keep Prefect's `load-suite-0c3`.
+    return Counter(
+        (run.name.split(" ")[0] if " " in run.name else run.name.rsplit("-", 1)[0], run.state.name) for run in task_runs
+    )
 
 
 @pytest.fixture
