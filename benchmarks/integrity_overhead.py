@@ -39,8 +39,10 @@ def measure(problem: Path, kernel: Path, config: RunConfig) -> tuple[float, dict
     wall, checks = 0.0, dict.fromkeys(KINDS, 0.0)
     baseline = None
     for stage in ("compile", "verify", "baseline", "time"):
-        echo = (baseline or {}).get("echo_ms")
-        result = evaluate_in_worker(stage, problem_source, None if stage == "baseline" else kernel_source, config, echo)
+        trusted = baseline or {}
+        candidate = None if stage == "baseline" else kernel_source
+        echoes = (trusted.get("echo_ms"), trusted.get("echo_cpu_ms"))
+        result = evaluate_in_worker(stage, problem_source, candidate, config, *echoes)
         if result["outcome"] != "correct":
             raise SystemExit(f"{problem.name}: {stage} gave {result['outcome']}: {result.get('error_excerpt')}")
         baseline = result if stage == "baseline" else baseline

@@ -86,6 +86,9 @@ class Call:
     ops: list[str] | None
     inputs: list[Any]
     echo: bool = False
+    # cpu: the CPU time the worker used from this call's start to the next step's start (read from
+    # /proc by this process while the worker waits): work it does after replying is counted too
+    cpu_ms: float | None = None
 
 
 @dataclass
@@ -101,6 +104,8 @@ class Session:
     _replied_at: tuple[float, int] | None = None
     _previous: Call | None = None
     calls: int = 0
+    _cpu_mark: int | None = None  # cpu: the worker's CPU ns when the previous step went out
+    threads: int = 1  # the worker's compute threads
     # seconds spent on the checks, by kind (benchmarks/integrity_overhead.py reports their share)
     check_s: dict[str, float] = field(default_factory=dict)
 
@@ -160,6 +165,7 @@ def _session(
             raise Stop(_claimed_failure(ready))
         buffers = _attach(talk, runtime)
         session = Session(talk, runtime, buffers, isolation=ready.get("isolation"), ahead=ahead)
+        session.threads = config.threads or os.cpu_count() or 1
         if time.perf_counter() - made < 0.001:  # the worker was ready before the inputs were: count them
             session.check_s["inputs"] = made - started
         try:
@@ -309,6 +315,7 @@ def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
             session.busy_ns += _cpu_ns(session.talk.pid) - replied_ns
             session.idle_ns += int((time.perf_counter() - replied_s) * 1e9)
     step = {"step": "echo"} if echo else {"step": "call", "scalars": scalars, "record": record}
+    _account_cpu(session)
     started = time.perf_counter()
     session.talk.send(step)
     reply = session.talk.receive()
@@ -328,6 +335,18 @@ def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
         raise _failure("integrity_violation", "malformed_reply", "a recorded call reported no op list")
     session._previous = Call(seed, float(claimed), (ended - started) * 1000, ops, inputs, echo=echo)
     return session._previous
+
+
+def _account_cpu(session: Session) -> None:
+    """cpu: read the worker's CPU time now, while it waits for its next step, and charge what it
+    used since the previous step started to that step (`Call.cpu_ms`)."""
+    if session.runtime.device.type != "cpu":
+        return
+    with session.spending("watch"):
+        now_ns = _cpu_ns(session.talk.pid)
+    if session._previous is not None and session._cpu_mark is not None:
+        session._previous.cpu_ms = (now_ns - session._cpu_mark) / 1e6
+    session._cpu_mark = now_ns
 
 
 def _snapshot(session: Session, call: Call) -> Any:
@@ -453,6 +472,7 @@ def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list
             sample[slot] = (index, call, _snapshot(session, call))
         if last:
             break
+    _account_cpu(session)  # the last call's CPU time, up to now
     return timed, echoes, sample
 
 
@@ -461,24 +481,38 @@ def _expected_calls(config: RunConfig) -> int:
     return config.warmup_runs + 2 + config.max_timed_runs
 
 
-def summarize(calls: list[Call], echo_ms: float) -> dict[str, Any]:
-    """The median of the claimed times, unless the median of what the orchestrator saw the calls
-    take less `echo_ms` (an empty call's round trip) is more: then the claims are not borne out and
-    the observed times are the result. Medians first: a per-call maximum would add every call's
-    host noise to an honest kernel of tens of microseconds. `timing_source` says which was kept."""
-    claimed = sorted(c.claimed_ms for c in calls)
-    observed = sorted(max(0.0, c.observed_ms - echo_ms) for c in calls)
-    credible = statistics.median(claimed) >= statistics.median(observed)
-    times = claimed if credible else observed
+def summarize(calls: list[Call], echo_ms: float, echo_cpu_ms: float | None = None, threads: int = 1) -> dict:
+    """The median of the claimed times, unless a floor the orchestrator measured itself has a higher
+    median: then the claims are not borne out and that floor's times are the result. The floors:
+    what the orchestrator saw each call take less `echo_ms` (an empty call's round trip), and on the
+    cpu the worker's CPU time from the call's start to the next one's, less an empty call's
+    (`echo_cpu_ms`), over its `threads` (CPU time does not grow when a busy machine delays the
+    worker, and work done after the reply is in it). Medians first: a per-call maximum would add
+    every call's host noise to an honest kernel of tens of microseconds. `timing_source` says which."""
+    candidates = {
+        "claimed": sorted(c.claimed_ms for c in calls),
+        "observed": sorted(max(0.0, c.observed_ms - echo_ms) for c in calls),
+    }
+    if echo_cpu_ms is not None and all(c.cpu_ms is not None for c in calls):
+        candidates["cpu"] = sorted(max(0.0, c.cpu_ms - echo_cpu_ms) / threads for c in calls)
+    medians = {name: statistics.median(values) for name, values in candidates.items()}
+    source = "claimed" if medians["claimed"] >= max(medians.values()) else max(medians, key=medians.get)
+    times = candidates[source]
     return {
         "median_ms": statistics.median(times),
         "p10_ms": _percentile(times, 0.1),
         "p90_ms": _percentile(times, 0.9),
         "runs": len(times),
-        "claimed_ms": statistics.median(claimed),
-        "observed_ms": statistics.median(observed),
-        "timing_source": "claimed" if credible else "observed",
+        "claimed_ms": medians["claimed"],
+        "observed_ms": medians["observed"],
+        "cpu_ms": medians.get("cpu"),
+        "timing_source": source,
     }
+
+
+def _echo_cpu_ms(echoes: list[Call]) -> float | None:
+    used = [echo.cpu_ms for echo in echoes if echo.cpu_ms is not None]
+    return statistics.median(used) if used else None
 
 
 def _percentile(sorted_values: list[float], fraction: float) -> float:
@@ -497,6 +531,7 @@ def _check_harness(session: Session) -> None:
 
 
 def _check_idle(session: Session) -> None:
+    """Work outside the calls: the CPU time the worker used in the watched gaps."""
     busy_ms, idle_ms = session.busy_ns / 1e6, session.idle_ns / 1e6
     if busy_ms > max(BUSY_MIN_MS, BUSY_SHARE * idle_ms):
         excerpt = (
@@ -507,7 +542,11 @@ def _check_idle(session: Session) -> None:
 
 
 def time_candidate(
-    problem_source: str, candidate_source: str, config: RunConfig, trusted_echo_ms: float | None = None
+    problem_source: str,
+    candidate_source: str,
+    config: RunConfig,
+    trusted_echo_ms: float | None = None,
+    trusted_echo_cpu_ms: float | None = None,
 ) -> dict[str, Any]:
     """The candidate's median/p10/p90 time (see `summarize`) with its judged sample, or the outcome
     that stopped it."""
@@ -527,7 +566,10 @@ def time_candidate(
             if mismatch:
                 excerpt = f"the output of timed call {index} is wrong: {mismatch.report}"
                 raise _failure("integrity_violation", "timed_output", excerpt)
-        summary = summarize(timed, echo_ms)
+        echo_cpu_ms = _echo_cpu_ms(echoes)
+        if echo_cpu_ms is not None and trusted_echo_cpu_ms is not None:
+            echo_cpu_ms = min(echo_cpu_ms, trusted_echo_cpu_ms)
+        summary = summarize(timed, echo_ms, echo_cpu_ms, session.threads)
         result = {
             "outcome": "correct",
             "runtime_ms": summary["median_ms"],
@@ -536,6 +578,7 @@ def time_candidate(
             "timed_runs": summary["runs"],
             "claimed_ms": summary["claimed_ms"],
             "observed_ms": summary["observed_ms"],
+            "cpu_floor_ms": summary["cpu_ms"],
             "timing_source": summary["timing_source"],
             "echo_ms": echo_ms,
             "judged_calls": sorted(index for index, _, _ in sample),
@@ -575,7 +618,7 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
     def body(session: Session) -> dict[str, Any]:
         timed, echoes, _ = _timed_calls(session, config, judge=False)
         echo_ms = _echo_ms(echoes)
-        eager = summarize(timed, echo_ms)
+        eager = summarize(timed, echo_ms, _echo_cpu_ms(echoes), session.threads)
         result: dict[str, Any] = {
             "outcome": "correct",
             "eager_ms": eager["median_ms"],
@@ -584,6 +627,7 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
             "compile_ms": None,
             "torch_compile_error": None,
             "echo_ms": echo_ms,
+            "echo_cpu_ms": _echo_cpu_ms(echoes),
         }
         if config.torch_compile_baseline:
             reply = session.talk.ask({"step": "compile"})
@@ -591,7 +635,8 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
                 result["torch_compile_error"] = str(reply.get("error_excerpt"))[-4000:]
             else:
                 timed, echoes, _ = _timed_calls(session, config, judge=False)
-                result["compile_ms"] = summarize(timed, _echo_ms(echoes))["median_ms"]
+                summary = summarize(timed, _echo_ms(echoes), _echo_cpu_ms(echoes), session.threads)
+                result["compile_ms"] = summary["median_ms"]
         return result
 
     calls = _expected_calls(config) * (2 if config.torch_compile_baseline else 1)

@@ -24,14 +24,17 @@ def evaluate_in_worker(
     candidate_source: str | None,
     config: RunConfig,
     trusted_echo_ms: float | None = None,
+    trusted_echo_cpu_ms: float | None = None,
 ) -> dict[str, Any]:
     """Run stage `mode` (compile | verify | time | baseline) of a candidate, or of the reference
-    alone (baseline), in isolated workers; `trusted_echo_ms` is the baseline's round trip of an empty
-    call, which bounds a timed candidate's claims (tasks/drive.py)."""
+    alone (baseline), in isolated workers; `trusted_echo_ms` and `trusted_echo_cpu_ms` are the
+    baseline's round trip and CPU time of an empty call, which bound a timed candidate's (tasks/drive.py)."""
     if mode == "verify":
         return drive.verify(problem_source, candidate_source or "", config)
     if mode == "time":
-        return drive.time_candidate(problem_source, candidate_source or "", config, trusted_echo_ms)
+        return drive.time_candidate(
+            problem_source, candidate_source or "", config, trusted_echo_ms, trusted_echo_cpu_ms
+        )
     if mode == "baseline":
         return drive.time_baselines(problem_source, config)
     if mode != "compile":

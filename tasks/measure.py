@@ -35,8 +35,10 @@ def time_candidate(
 ) -> dict[str, Any]:
     """Median/p10/p90 runtime of a verified candidate, or the outcome that stopped it; the
     problem's `baseline` result, when given, bounds its claims by the trusted echo time."""
-    echo_ms = (baseline or {}).get("echo_ms")
-    return evaluate_in_worker("time", problem.source, candidate_source, config, echo_ms)
+    baseline = baseline or {}
+    return evaluate_in_worker(
+        "time", problem.source, candidate_source, config, baseline.get("echo_ms"), baseline.get("echo_cpu_ms")
+    )
 
 
 def time_baselines(problem: Problem, config: RunConfig) -> dict[str, Any]:

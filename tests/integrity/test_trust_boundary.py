@@ -49,30 +49,33 @@ def test_row12_a_forged_clock_behind_a_blinded_guard_gains_nothing(config):
     cheat = stages(RELU, forged, config)
     assert honest["outcome"] == cheat["outcome"] == "correct", (honest, cheat)
     assert cheat["claimed_ms"] < honest["runtime_ms"] / 20, cheat  # the claims really are forged
-    assert cheat["timing_source"] == "observed", cheat
-    assert cheat["runtime_ms"] > 0.5 * honest["runtime_ms"], (cheat, honest)
+    assert cheat["timing_source"] in ("observed", "cpu"), cheat  # a floor of the orchestrator's, not the claims
+    # not below the honest kernel's CPU time over the worker's threads, which a busy machine does not move
+    assert cheat["runtime_ms"] > 0.8 * honest["cpu_floor_ms"], (cheat, honest)
 
 
 # The harness's own call step replaced (and the guard blinded): past the first five calls, each
-# call's reply goes out at once and a thread computes the output afterwards.
+# call's reply goes out at once and a persistent thread computes the output afterwards.
 REPLIES_EARLY = kernel_candidate(
     SLOW_RELU_BODY + "\nreturn y",
     prelude="""
-    import sys, threading
+    import queue, sys, threading
     session = sys.modules["tasks.harness.session"]
     sys.modules["tasks.harness.guard"].patched = lambda bindings: []
-    honest_call, calls = session._call, [0]
+    honest_call, calls, pending = session._call, [0], queue.Queue()
+
+    def compute():
+        while True:
+            model, inputs, target = pending.get()
+            target.copy_(model(*inputs))
+
+    threading.Thread(target=compute, daemon=True).start()
 
     def early(step, model, device, state, bindings, classify):
         calls[0] += 1
         if model is state.get("echo_model") or calls[0] <= 5:
             return honest_call(step, model, device, state, bindings, classify)
-        inputs = [None if t is None else t.clone() for t in state["inputs"]]
-
-        def finish():
-            state["outputs"][0].copy_(model(*inputs))
-
-        threading.Thread(target=finish).start()
+        pending.put((model, [None if t is None else t.clone() for t in state["inputs"]], state["outputs"][0]))
         return {"claimed_ms": 0.001, "ops": [] if step.get("record") else None}
 
     session._call = early
@@ -80,10 +83,18 @@ REPLIES_EARLY = kernel_candidate(
 )
 
 
-def test_row17_replying_before_the_output_is_done_is_caught(config):
+def test_row17_replying_before_the_output_is_done_gains_nothing(config):
+    """Caught on a judged call or between calls, or, when a busy machine delays this process past the
+    thread's work, timed by the worker's CPU time from call to call, which the late work is in."""
+    honest = stages(RELU, SLOW_RELU, config)
     result = stages(RELU, REPLIES_EARLY, config)
-    assert result["stage"] == "time" and result["outcome"] == "integrity_violation", result
-    assert result["error_class"] in ("timed_output", "busy_between_calls"), result
+    assert honest["outcome"] == "correct", honest
+    if result["outcome"] == "correct":  # not below the honest kernel's CPU floor, which load does not move
+        assert result["timing_source"] != "claimed", result
+        assert result["runtime_ms"] > 0.8 * honest["cpu_floor_ms"], (result, honest)
+    else:
+        assert result["stage"] == "time" and result["outcome"] == "integrity_violation", result
+        assert result["error_class"] in ("timed_output", "busy_between_calls"), result
 
 
 def test_row14_computing_only_on_the_first_calls_is_caught_on_a_timed_call(config):
@@ -193,6 +204,10 @@ def test_timing_keeps_claims_the_observation_bears_out():
     forged = [drive.Call(0, claimed_ms=0.01, observed_ms=1.3, ops=None, inputs=[]) for _ in range(9)]
     floor = drive.summarize(forged, echo_ms=0.4)
     assert floor["timing_source"] == "observed" and floor["median_ms"] == pytest.approx(0.9)
+    # a busy machine: the wall-clock floor says little, the CPU time from call to call still counts
+    delayed = [drive.Call(0, claimed_ms=0.01, observed_ms=5.0, ops=None, inputs=[], cpu_ms=2.2) for _ in range(9)]
+    by_cpu = drive.summarize(delayed, echo_ms=4.9, echo_cpu_ms=0.2, threads=2)
+    assert by_cpu["timing_source"] == "cpu" and by_cpu["median_ms"] == pytest.approx(1.0)
 
 
 @pytest.fixture
