@@ -45,7 +45,7 @@ from tasks.isolate import Limits
 from tasks.pool import worker_pool
 
 ECHO_CALLS = 5  # empty calls before the first timed calls; then one before about one in ECHO_SHARE
-ECHO_SHARE = 4
+ECHO_SHARE = 8
 JUDGED_TIMED_CALLS = 2  # besides the last one
 RECORDED_TIMED_SHARE = 10  # one timed call in this many also records its dispatched ops
 BUSY_SHARE = 0.25  # of the time between calls, summed over the session ...
