@@ -41,7 +41,7 @@ from kforge.config import RunConfig
 from tasks import trusted
 from tasks.channel import Conversation, WorkerEnded, conversation
 from tasks.harness.protocol import WorkerRequest, failure
-from tasks.isolate import Limits
+from tasks.isolate import Limits, process_tree
 from tasks.pool import worker_pool
 
 ECHO_CALLS = 5  # empty calls before the first timed calls; then one before about one in ECHO_SHARE
@@ -271,19 +271,13 @@ def _reset_persisting_l2() -> None:
 
 
 def _cpu_ns(pid: int) -> int:
-    """CPU time used so far by `pid`, its threads and its descendants (Linux schedstat, ns)."""
-    total, pending, seen = 0, [pid], set()
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
+    """CPU time used so far by `pid`, its live threads and its descendants (Linux schedstat, ns)."""
+    total = 0
+    for current in process_tree(pid):
         try:
             for task in os.scandir(f"/proc/{current}/task"):
                 with open(f"{task.path}/schedstat") as stat:
                     total += int(stat.read().split()[0])
-                with open(f"{task.path}/children") as children:
-                    pending.extend(int(child) for child in children.read().split())
         except (OSError, ValueError, IndexError):
             continue
     return total

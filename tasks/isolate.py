@@ -282,20 +282,31 @@ def _wait(
     return returncode, False, None
 
 
-def _resident_mb(pid: int) -> int:
-    """Resident memory of `pid` and its descendants, in MB (Linux /proc; 0 where unreadable)."""
-    page_bytes, total, pending, seen = os.sysconf("SC_PAGE_SIZE"), 0, [pid], set()
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants that are alive now (Linux /proc; just `pid` where unreadable)."""
+    found, pending = [], [pid]
     while pending:
         current = pending.pop()
-        if current in seen:
+        if current in found:
             continue
-        seen.add(current)
+        found.append(current)
+        try:
+            for task in os.scandir(f"/proc/{current}/task"):
+                with open(f"{task.path}/children") as children:
+                    pending.extend(int(child) for child in children.read().split())
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or no such files on this OS
+    return found
+
+
+def _resident_mb(pid: int) -> int:
+    """Resident memory of `pid` and its descendants, in MB (Linux /proc; 0 where unreadable)."""
+    page_bytes, total = os.sysconf("SC_PAGE_SIZE"), 0
+    for current in process_tree(pid):
         try:
             total += int(Path(f"/proc/{current}/statm").read_text().split()[1]) * page_bytes
-            for task in Path(f"/proc/{current}/task").iterdir():
-                pending.extend(int(child) for child in (task / "children").read_text().split())
         except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile, or no such files on this OS
+            continue
     return total >> 20
 
 
