@@ -52,6 +52,7 @@ BUSY_SHARE = 0.25  # of the time between calls, summed over the session ...
 BUSY_MIN_MS = 20.0  # ... and at least this much CPU time in all
 CPU_FLUSH_BYTES = 64 << 20
 INPUTS_AHEAD_BYTES = 256 << 20
+EXITED_MIN_MS = 40.0  # clock ticks are 10 ms: below this, the two counters differ by their rounding
 WATCHED_GAP_SHARE = 3  # one gap between calls in this many, at random, has the worker's CPU time read
 
 
@@ -443,6 +444,7 @@ def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list
     echoes: list[Call] = []
     sample: list[tuple[int, Call, Any]] = []
     spent_ms = 0.0
+    counted_before = _all_cpu(session)
     for index in range(config.max_timed_runs):
         if len(echoes) < ECHO_CALLS or secrets.randbelow(ECHO_SHARE) == 0:
             with session.spending("echo"):
@@ -467,7 +469,45 @@ def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list
         if last:
             break
     _account_cpu(session)  # the last call's CPU time, up to now
+    _charge_exited_threads(session, counted_before, timed, len(timed) + len(echoes))
     return timed, echoes, sample
+
+
+def _all_cpu(session: Session) -> tuple[float, int] | None:
+    """cpu: (the worker's CPU ms from /proc/<pid>/stat, exited threads and reaped children included,
+    in clock ticks; its live threads' CPU ns from schedstat), or None on a GPU."""
+    if session.runtime.device.type != "cpu":
+        return None
+    with session.spending("watch"):
+        return _stat_cpu_ms(session.talk.pid), _cpu_ns(session.talk.pid)
+
+
+def _stat_cpu_ms(pid: int) -> float:
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    total = 0
+    for current in process_tree(pid):
+        try:
+            with open(f"/proc/{current}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+        except (OSError, ValueError, IndexError):
+            continue
+    return total * tick_ms
+
+
+def _charge_exited_threads(session: Session, before: tuple[float, int] | None, timed: list[Call], calls: int) -> None:
+    """CPU time of threads that ended during the timed calls is gone from the live threads' schedstat
+    that `Call.cpu_ms` reads (a thread started per call, finishing the output after the reply); the
+    process's own counters keep it. Past EXITED_MIN_MS (a few clock ticks), it is shared out over
+    the calls, so the CPU floor holds it."""
+    after = _all_cpu(session)
+    if before is None or after is None or not calls:
+        return
+    exited_ms = (after[0] - before[0]) - (after[1] - before[1]) / 1e6
+    if exited_ms > EXITED_MIN_MS:
+        for call in timed:
+            if call.cpu_ms is not None:
+                call.cpu_ms += exited_ms / calls
 
 
 def _expected_calls(config: RunConfig) -> int:
