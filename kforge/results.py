@@ -249,7 +249,7 @@ def _empty_frame(schema: pa.Schema) -> pd.DataFrame:
     return frame
 
 
-_READ_TRIES = 10
+_READ_TRIES = 1000  # a compaction deletes its sources one by one: a load may list again for each
 
 
 def _read_visible(table_dir: Path, schema: pa.Schema) -> pa.Table | None:
