@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from tasks.harness import guard, modules, sandbox, session
+from tasks.harness import extensions, guard, modules, sandbox, session
 from tasks.harness.cpu import CompileError
 from tasks.harness.protocol import WorkerRequest
 
@@ -171,6 +171,8 @@ def main(argv: list[str]) -> int:
     request_path.unlink(missing_ok=True)
     nonce = request.nonce
     apply_limits(request.limits)
+    if "cpp_extension" in (request.candidate_source or ""):
+        extensions.install()  # a build directory of each build's own (tasks/harness/extensions.py)
     network_isolated = isolation["network"].startswith("ok")
     if request.mode == "session":
         if request.threads:

@@ -6,6 +6,7 @@ The problem is y = 2x on 4096 floats; most candidates compute it with the same g
 
 import os
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -372,6 +373,21 @@ def test_load_inline_build_error_is_a_compile_error(config):
     assert outcome_of(result) == ("compile_error", "load_inline")
     assert "Error building extension 'kforge_test_broken'" in result["error_excerpt"]
     assert "error: expected ';'" in result["error_excerpt"].replace("\u2018", "'").replace("\u2019", "'")
+
+
+@pytest.mark.slow
+def test_same_extension_name_different_code_judged_at_once_each_get_their_own_verdict(config):
+    """Two candidates that both call load_inline(name="fast_op"), one right and one doubling only the
+    positive elements twice over, judged at the same time with one kernel cache."""
+    honest = LOAD_INLINE.replace("NAME", "fast_op")
+    wrong = honest.replace("dst[i] = 2.f * src[i];", "dst[i] = src[i] > 0 ? 4.f * src[i] : 2.f * src[i];")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda source: evaluate_in_worker("verify", PROBLEM, source, config), [honest, wrong]))
+
+    assert outcome_of(results[0]) == ("correct", None), results[0]
+    assert results[1]["outcome"] == "numerical_mismatch", results[1]
+    builds = sorted(p.name for p in (Path(config.cache_dir) / "kernels" / "torch_extensions").glob("fast_op-*"))
+    assert len(builds) == 2, builds
 
 
 # Writes only the positive elements and relies on torch.empty handing out zeroed memory (fresh
