@@ -47,6 +47,7 @@ ENV_ALLOWED = (
     "CUDA_PATH",
     "CUDA_VISIBLE_DEVICES",
     "KFORGE_CUDA_ARCH",
+    "KFORGE_INLINE_BUILD",
     "CC",
     "CXX",
     "VIRTUAL_ENV",

@@ -9,11 +9,13 @@ the comparisons of tasks/harness/checks.py.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from kforge.config import RunConfig
 from tasks import drive
+from tasks.harness import extensions
 from tasks.isolate import run_worker
 from tasks.pool import worker_pool
 
@@ -29,6 +31,8 @@ def evaluate_in_worker(
     """Run stage `mode` (compile | verify | time | baseline) of a candidate, or of the reference
     alone (baseline), in isolated workers; `trusted_echo_ms` and `trusted_echo_cpu_ms` are the
     baseline's round trip and CPU time of an empty call, which bound a timed candidate's (tasks/drive.py)."""
+    if candidate_source and "load_inline" in candidate_source and os.environ.get("KFORGE_INLINE_BUILD") != "plain":
+        extensions.prepare_header(Path(config.cache_dir) / "kernels")  # once per toolchain
     if mode == "verify":
         return drive.verify(problem_source, candidate_source or "", config)
     if mode == "time":
