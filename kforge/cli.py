@@ -98,6 +98,9 @@ def _merged_settings(file_settings: dict[str, Any], run_settings: dict[str, Any]
 
 def _announce_agent(config) -> None:
     """Say plainly which agent writes the kernels, and check a model endpoint before the run starts."""
+    if config.agent == "identity":
+        typer.echo("Identity run: each problem's reference is its own candidate (a speedup near 1.00 is right).")
+        return
     if config.agent == "reference":
         why = (
             f" ({config.llm.api_key_env} is set, but no --model was given)"
@@ -143,7 +146,10 @@ def run(
     iterations: Annotated[
         int | None, Opt(help="Refinement iterations after the single-shot attempt (default: 1).")
     ] = None,
-    agent: Annotated[str | None, Opt(help="llm | reference (offline) (default: llm when a model is set).")] = None,
+    agent: Annotated[
+        str | None,
+        Opt(help="llm | reference (offline) | identity (reference as candidate) (default: llm when a model is set)."),
+    ] = None,
     results: Annotated[
         str | None, Opt(help="Results directory; Parquet is appended here (default: data/results).")
     ] = None,

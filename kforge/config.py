@@ -38,8 +38,10 @@ class RunConfig(BaseModel):
     suite: str = Field("data/problems/smoke", description="Directory of KernelBench-format problem files")
     backend: Backend = Field("cpu", description="Kernel backend")
     iterations: int = Field(1, ge=0, description="Refinement iterations after the single-shot attempt")
-    agent: Literal["llm", "reference"] | None = Field(
-        None, description="'llm', or 'reference' (offline, no model); default: llm when a model is set"
+    agent: Literal["llm", "reference", "identity"] | None = Field(
+        None,
+        description="'llm', 'reference' (offline, no model) or 'identity' (the reference itself as the candidate,"
+        " which measures the harness: speedups near 1.00); default: llm when a model is set",
     )
     llm: ModelSettings = Field(default_factory=ModelSettings, description="Model access for the agents")
     reference_backend: Backend | None = Field(
@@ -88,6 +90,8 @@ class RunConfig(BaseModel):
     def _resolve_agent(self) -> RunConfig:
         if self.agent is None:
             self.agent = "llm" if self.llm.model else "reference"
+        if self.agent == "identity":  # the reference's own ops are the identity candidate's whole point
+            self.allow_library_calls = True
         return self
 
     def effective_size_preset(self) -> str | None:

@@ -7,6 +7,9 @@ Two agents, chosen by `RunConfig.agent`:
 - `reference` (offline, no model): proposes the flawed drafts `kernels_ref/<backend>/drafts/<id>.<n>.py`
   in order, then the working kernel `kernels_ref/<backend>/<id>.py`, so every outcome path runs
   without an endpoint.
+- `identity` (offline): the problem's own file with `class ModelNew(Model): pass` appended, for every
+  problem (KernelBench's included). Its speedup should be 1.00: it calibrates the harness (timing
+  fidelity, memory, throughput; benchmarks/kernelbench_suite.py). Needs `allow_library_calls`.
 """
 
 from __future__ import annotations
@@ -156,9 +159,18 @@ def make_llm_generator(settings: ModelSettings, cache_dir: str | None, kernels_d
     return generate
 
 
+IDENTITY_SUFFIX = "\n\nclass ModelNew(Model):  # kforge's identity candidate: the reference itself\n    pass\n"
+
+
+def identity_generator(request: GenerationRequest) -> GenerationReply:
+    return GenerationReply(request.problem.source + IDENTITY_SUFFIX, exhausted=True, agent_config={"agent": "identity"})
+
+
 def make_generator(config: RunConfig) -> Generator:
     if config.agent == "llm":
         return make_llm_generator(config.llm, config.cache_dir)
+    if config.agent == "identity":
+        return identity_generator
     return make_reference_generator()
 
 
@@ -198,7 +210,7 @@ def _generation_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
         payload["proposals"] = _files_digest(
             reference_proposals(KERNELS_REF, request.backend, request.problem.problem_id)
         )
-    else:
+    elif config.agent == "llm":
         payload["model"] = config.llm.model_dump(include={"model", "temperature", "max_tokens"})
         payload["prompts"] = templates_digest()
         # A retry of the same run replays the reply; a new run asks again (and the reply cache answers).
