@@ -63,6 +63,17 @@ class RunConfig(BaseModel):
     max_timed_runs: int = Field(100, ge=1)
     timing_budget_s: float = Field(1.0, gt=0, description="Stop timing after min runs once this is spent")
     torch_compile_baseline: bool = Field(True, description="Also time the reference under torch.compile")
+    device_memory_fraction: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Share of the free GPU memory one problem's checks plan for (tasks/memory.py)",
+    )
+    paired_reference: bool = Field(
+        True,
+        description="Time the reference eagerly beside each candidate, call for call in alternating order, and "
+        "take speedup_eager from that pair: both times come from the same machine state, busy or quiet",
+    )
     threads: int | None = Field(None, description="CPU threads per worker (default: all cores)")
     compile_timeout_s: float = Field(300.0, gt=0)
     run_timeout_s: float = Field(120.0, gt=0, description="Wall-time limit of a verify or timing worker")

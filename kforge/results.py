@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from tasks.harness.protocol import OUTCOMES  # one list, shared with the harness
 
-SCHEMA_VERSION = 4  # 2: agents F and G; 3: the LLM soft check; 4: the trust boundary's evidence
+SCHEMA_VERSION = 5  # 2: agents F and G; 3: the LLM soft check; 4: the trust boundary's evidence; 5: eager_source
 
 
 RUN_STATUSES = ("running", "finished", "failed")
@@ -94,6 +94,8 @@ ATTEMPTS_SCHEMA = _schema(
         # how the time was decided (tasks/drive.py): "claimed" or "observed", both medians, and the
         # seeds of the timed calls whose outputs the orchestrator judged (JSON list)
         ("timing_source", pa.string()),
+        # eager_ms timed beside the candidate's calls ("paired") or by the problem's baseline stage ("baseline")
+        ("eager_source", pa.string()),
         ("claimed_ms", pa.float64()),
         ("observed_ms", pa.float64()),
         ("judged_seeds", pa.string()),

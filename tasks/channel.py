@@ -140,7 +140,7 @@ def conversation(
     kernel_cache.mkdir(parents=True, exist_ok=True)
     env = _worker_env(kernel_cache, threads)
     warm_device = "cuda" if request.backend in ("cuda", "triton") else "cpu"
-    timing = slot_mode in ("time", "baseline")
+    timing = slot_mode in ("time", "baseline", "paired")
     nonce = secrets.token_hex(16)
     request_json = replace(request, threads=threads, nonce=nonce, limits=_limits_for_worker(limits)).to_json()
     with slots.device_slot(request.backend, slot_mode):

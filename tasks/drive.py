@@ -32,7 +32,7 @@ import os
 import secrets
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,7 @@ class Session:
     calls: int = 0
     _cpu_mark: int | None = None  # cpu: the worker's CPU ns when the previous step went out
     threads: int = 1  # the worker's compute threads
+    samples_on_host: bool = False  # the memory plan's: judged outputs copied to host memory
     # seconds spent on the checks, by kind (benchmarks/integrity_overhead.py reports their share)
     check_s: dict[str, float] = field(default_factory=dict)
 
@@ -148,8 +149,9 @@ def _session(
 ) -> Iterator[Session]:
     """A started session worker with its buffers attached; Stop with the outcome when the problem,
     the worker or its set-up fails. On the cpu the inputs of the first `calls_ahead` calls are made
-    while the worker starts (at most INPUTS_AHEAD_BYTES of them): this process would only wait."""
-    model = "reference" if stage == "baseline" else "candidate"
+    while the worker starts (at most INPUTS_AHEAD_BYTES of them): this process would only wait.
+    Stage `paired`: the reference, timed beside a candidate in the time stage's device slot."""
+    model = "reference" if stage in ("baseline", "paired") else "candidate"
     request = _request("session", problem_source, candidate_source, config, model)
     pool = worker_pool(config.effective_worker_pool())
     kernel_cache = Path(config.cache_dir) / "kernels"
@@ -357,7 +359,10 @@ def _copy_out(session: Session, call: Call) -> Any:
     for index, (target, value) in enumerate(zip(session.buffers.inputs, call.inputs)):
         if target is not None and not torch.equal(target, value):
             raise _failure("integrity_violation", "modified_input", f"the candidate wrote into input {index}")
-    copies = [view.clone() for view in session.buffers.outputs]
+    if session.samples_on_host:
+        copies = [view.to("cpu", copy=True) for view in session.buffers.outputs]
+    else:
+        copies = [view.clone() for view in session.buffers.outputs]
     container = session.runtime.layout.output_container
     if container is None:
         return copies[0]
@@ -375,24 +380,68 @@ def _check_ops(session: Session, call: Call, config: RunConfig) -> None:
 
 
 def _run_stage(
-    stage: str, body, problem_source: str, candidate_source: str | None, config: RunConfig, calls_ahead: int = 0
+    stage: str,
+    body,
+    problem_source: str,
+    candidate_source: str | None,
+    config: RunConfig,
+    calls_ahead: int = 0,
+    paired: bool = False,
+    plan: Any = None,
 ) -> dict:
+    """`body(session)`, or with `paired` `body(session, partner)` where the partner is a trusted
+    reference session alive beside the candidate's, as the stage's result (or the outcome that
+    stopped it). The device running out of memory in this process is `harness_out_of_memory`."""
+    from tasks import memory
+
     started = time.perf_counter()
     try:
-        with _session(stage, problem_source, candidate_source, config, calls_ahead) as session:
-            result = body(session)
+        with contextlib.ExitStack() as stack:
+            session = stack.enter_context(_session(stage, problem_source, candidate_source, config, calls_ahead))
+            session.samples_on_host = bool(plan and plan.samples_on_host)
+            if paired:
+                partner = stack.enter_context(_session("paired", problem_source, None, config, calls_ahead))
+                result = body(session, partner)
+            else:
+                result = body(session)
             result["check_s"] = dict(session.check_s)
             isolation = session.isolation
     except Stop as stop:
         result = stop.outcome
     except WorkerEnded as ended:
         result = ended.outcome
+    except Exception as exc:
+        if not memory.is_out_of_memory(exc):
+            raise
+        result = harness_out_of_memory(stage, exc, plan or memory_plan(problem_source, config))
     else:
         if isinstance(isolation, dict):
             result["isolation"] = {str(k): str(v)[:200] for k, v in isolation.items()}
             result["network_isolated"] = result["isolation"].get("network", "").startswith("ok")
     result["worker_s"] = time.perf_counter() - started
     return result
+
+
+HARNESS_OUT_OF_MEMORY = "harness_out_of_memory"
+
+
+def harness_out_of_memory(stage: str, exc: BaseException, plan: Any) -> dict[str, Any]:
+    """The outcome of a stage whose device memory ran out in the orchestrator (not the candidate's
+    doing: an infrastructure failure, which the stage's task retries)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    first_line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    planned = plan.describe() if plan is not None else "no plan (the problem's reference did not build)"
+    excerpt = (
+        f"the orchestrator ran out of device memory in the {stage} stage: {first_line}. This problem: {planned}. "
+        "Lower parallel_problems or device_memory_fraction, or free the GPU, and retry the run"
+    )
+    return failure("runtime_error", HARNESS_OUT_OF_MEMORY, excerpt)
 
 
 def verify(problem_source: str, candidate_source: str, config: RunConfig) -> dict[str, Any]:
@@ -432,29 +481,55 @@ def _echo_ms(echoes: list[Call]) -> float:
     return statistics.median(echo.observed_ms for echo in echoes)
 
 
-def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list[Call], list[Call], list]:
+def _timed_calls(
+    session: Session, config: RunConfig, judge: bool, partner: Session | None = None
+) -> tuple[list[Call], list[Call], list, list[Call], list[Call]]:
     """Warm-up, then timed calls until min_timed_runs are done and the budget is spent (or
     max_timed_runs), with an empty call (echo) before about one in ECHO_SHARE of them and before the
-    first ECHO_CALLS; returns (timed calls, echo round trips, judged sample). With `judge`, the sample
-    is a reservoir sample of the timed calls' outputs and the last one's, as (call index, call,
-    output), and one call in RECORDED_TIMED_SHARE on average records its ops."""
+    first ECHO_CALLS; returns (timed calls, echo round trips, judged sample, and the partner's timed
+    and echo calls). With `judge`, the sample is a reservoir sample of the timed calls' outputs and
+    the last one's, as (call index, call, output), and one call in RECORDED_TIMED_SHARE on average
+    records its ops.
+
+    A `partner` session (the trusted reference) gets a call of the same kind beside each of
+    `session`'s, in alternating order (ABBA): both are timed under the same conditions, whatever the
+    machine does meanwhile, so their ratio holds on a busy host."""
+    turn = [0]
+
+    def paired(call_session: Callable[[Session], Call]) -> Call:
+        """`call_session` on the session and, if there is one, on the partner, the order alternating."""
+        turn[0] += 1
+        if partner is None:
+            return call_session(session)
+        if turn[0] % 4 in (1, 0):  # A B B A A B B A ...
+            call, _ = call_session(session), partner_calls.append(call_session(partner))
+        else:
+            partner_calls.append(call_session(partner))
+            call = call_session(session)
+        partner_calls[-1].inputs = []  # a partner's outputs are not judged: its inputs can go now
+        return call
+
+    partner_calls: list[Call] = []
     for _ in range(config.warmup_runs + secrets.randbelow(3)):
-        _call(session)
+        paired(_call)
+    partner_calls.clear()
     timed: list[Call] = []
     echoes: list[Call] = []
     sample: list[tuple[int, Call, Any]] = []
     spent_ms = 0.0
     counted_before = _all_cpu(session)
+    partner_before = _all_cpu(partner) if partner else None
     for index in range(config.max_timed_runs):
         if len(echoes) < ECHO_CALLS or secrets.randbelow(ECHO_SHARE) == 0:
             with session.spending("echo"):
-                echoes.append(_call(session, echo=True))
+                echoes.append(paired(lambda s: _call(s, echo=True)))
         record = judge and secrets.randbelow(RECORDED_TIMED_SHARE) == 0
-        with session.spending("watched_calls") if record else contextlib.nullcontext():
-            call = _call(session, record=record)
-        if record:
+        if record:  # a watched call is not timed, and has no partner
+            with session.spending("watched_calls"):
+                call = _call(session, record=True)
             _check_ops(session, call, config)
         else:
+            call = paired(_call)
             timed.append(call)
         spent_ms += call.claimed_ms
         last = index == config.max_timed_runs - 1 or (
@@ -466,11 +541,17 @@ def _timed_calls(session: Session, config: RunConfig, judge: bool) -> tuple[list
             sample.append((index, call, _snapshot(session, call)))
         elif judge and (slot := secrets.randbelow(index + 1)) < JUDGED_TIMED_CALLS:
             sample[slot] = (index, call, _snapshot(session, call))
+        call.inputs = []  # judged from its seed: 100 calls' inputs of a 6 GB problem would not fit
         if last:
             break
     _account_cpu(session)  # the last call's CPU time, up to now
     _charge_exited_threads(session, counted_before, timed, len(timed) + len(echoes))
-    return timed, echoes, sample
+    partner_timed = [c for c in partner_calls if not c.echo]
+    partner_echoes = [c for c in partner_calls if c.echo]
+    if partner is not None:
+        _account_cpu(partner)
+        _charge_exited_threads(partner, partner_before, partner_timed, len(partner_calls))
+    return timed, echoes, sample, partner_timed, partner_echoes
 
 
 def _all_cpu(session: Session) -> tuple[float, int] | None:
@@ -585,18 +666,25 @@ def time_candidate(
     """The candidate's median/p10/p90 time (see `summarize`) with its judged sample, or the outcome
     that stopped it."""
 
-    def body(session: Session) -> dict[str, Any]:
+    def body(session: Session, partner: Session | None = None) -> dict[str, Any]:
         from tasks.harness.checks import compare_outputs
 
-        timed, echoes, sample = _timed_calls(session, config, judge=True)
-        # a candidate can slow its own empty calls, never the trusted baseline's
-        echo_ms = min(_echo_ms(echoes), trusted_echo_ms if trusted_echo_ms is not None else float("inf"))
+        timed, echoes, sample, reference_timed, reference_echoes = _timed_calls(session, config, True, partner)
+        # a candidate can slow its own empty calls, never the trusted reference's
+        trusted_echoes = [trusted_echo_ms] if trusted_echo_ms is not None else []
+        if reference_echoes:
+            trusted_echoes.append(_echo_ms(reference_echoes))
+        echo_ms = min([_echo_ms(echoes), *trusted_echoes])
         _check_idle(session)
         _check_harness(session)
         for index, call, actual in sample:
             with session.spending("judge"):
                 inputs = trusted.make_inputs(session.runtime, call.seed)
-                mismatch, _, _ = compare_outputs(trusted.reference_output(session.runtime, inputs), actual)
+                expected = trusted.reference_output(session.runtime, inputs)
+                del inputs
+                if session.samples_on_host:
+                    expected = _to_host(expected)
+                mismatch, _, _ = compare_outputs(expected, actual)
             if mismatch:
                 excerpt = f"the output of timed call {index} is wrong: {mismatch.report}"
                 raise _failure("integrity_violation", "timed_output", excerpt)
@@ -604,6 +692,18 @@ def time_candidate(
         if echo_cpu_ms is not None and trusted_echo_cpu_ms is not None:
             echo_cpu_ms = min(echo_cpu_ms, trusted_echo_cpu_ms)
         summary = summarize(timed, echo_ms, echo_cpu_ms, session.threads)
+        paired = {}
+        if reference_timed:  # the same floors for both: an identical model gets an identical time
+            reference_echo_cpu_ms = _echo_cpu_ms(reference_echoes)
+            if echo_cpu_ms is not None and reference_echo_cpu_ms is not None:
+                echo_cpu_ms = min(echo_cpu_ms, reference_echo_cpu_ms)
+                summary = summarize(timed, echo_ms, echo_cpu_ms, session.threads)
+            reference = summarize(reference_timed, echo_ms, echo_cpu_ms, session.threads)
+            paired = {
+                "paired_eager_ms": reference["median_ms"],
+                "paired_eager_p10_ms": reference["p10_ms"],
+                "paired_eager_p90_ms": reference["p90_ms"],
+            }
         result = {
             "outcome": "correct",
             "runtime_ms": summary["median_ms"],
@@ -617,10 +717,42 @@ def time_candidate(
             "echo_ms": echo_ms,
             "judged_calls": sorted(index for index, _, _ in sample),
             "judged_seeds": [str(call.seed) for _, call, _ in sorted(sample, key=lambda s: s[0])],
+            **paired,
         }
         return {**result, **_roofline(session.runtime, summary["median_ms"])}
 
-    return _run_stage("time", body, problem_source, candidate_source, config, _expected_calls(config))
+    plan = memory_plan(problem_source, config)
+    paired = config.paired_reference and (plan is None or plan.paired)
+    calls = _expected_calls(config)
+    return _run_stage("time", body, problem_source, candidate_source, config, calls, paired=paired, plan=plan)
+
+
+def memory_plan(problem_source: str, config: RunConfig) -> Any:
+    """The problem's memory plan on this device (tasks/memory.py); None where its reference fails
+    (the session reports that) or on the cpu."""
+    from tasks import memory
+
+    if config.backend == "cpu":
+        return None
+    try:
+        runtime = trusted.runtime_for(
+            problem_source, config.backend, config.effective_size_preset(), config.seeds("init", 1)[0]
+        )
+    except trusted.ReferenceFailed:
+        return None
+    except Exception as exc:
+        if memory.is_out_of_memory(exc):  # the stage meets it again and reports it
+            return None
+        raise
+    budget = memory.device_budget(runtime.device, config.device_memory_fraction)
+    parameters = memory.parameter_bytes(runtime.reference)
+    return memory.plan(runtime.input_bytes, runtime.output_bytes, parameters, budget, config.paired_reference)
+
+
+def _to_host(output: Any) -> Any:
+    if isinstance(output, (tuple, list)):
+        return type(output)(t.to("cpu") for t in output)
+    return output.to("cpu")
 
 
 def _roofline(runtime: trusted.ProblemRuntime, runtime_ms: float) -> dict[str, Any]:
@@ -650,7 +782,7 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
     in a trusted worker; and `echo_ms`, its empty call's round trip, which bounds candidates' claims."""
 
     def body(session: Session) -> dict[str, Any]:
-        timed, echoes, _ = _timed_calls(session, config, judge=False)
+        timed, echoes, _, _, _ = _timed_calls(session, config, judge=False)
         echo_ms = _echo_ms(echoes)
         eager = summarize(timed, echo_ms, _echo_cpu_ms(echoes), session.threads)
         result: dict[str, Any] = {
@@ -668,7 +800,7 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
             if "outcome" in reply:
                 result["torch_compile_error"] = str(reply.get("error_excerpt"))[-4000:]
             else:
-                timed, echoes, _ = _timed_calls(session, config, judge=False)
+                timed, echoes, _, _, _ = _timed_calls(session, config, judge=False)
                 summary = summarize(timed, _echo_ms(echoes), _echo_cpu_ms(echoes), session.threads)
                 result["compile_ms"] = summary["median_ms"]
         return result

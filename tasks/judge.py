@@ -16,7 +16,7 @@ from typing import Any
 from kforge.config import RunConfig
 from tasks import drive
 from tasks.harness import extensions
-from tasks.isolate import run_worker
+from tasks.isolate import InfrastructureError, run_worker
 from tasks.pool import worker_pool
 
 
@@ -33,14 +33,18 @@ def evaluate_in_worker(
     baseline's round trip and CPU time of an empty call, which bound a timed candidate's (tasks/drive.py)."""
     if candidate_source and "load_inline" in candidate_source and os.environ.get("KFORGE_INLINE_BUILD") != "plain":
         extensions.prepare_header(Path(config.cache_dir) / "kernels")  # once per toolchain
-    if mode == "verify":
-        return drive.verify(problem_source, candidate_source or "", config)
-    if mode == "time":
-        return drive.time_candidate(
-            problem_source, candidate_source or "", config, trusted_echo_ms, trusted_echo_cpu_ms
-        )
-    if mode == "baseline":
-        return drive.time_baselines(problem_source, config)
+    if mode in ("verify", "time", "baseline"):
+        if mode == "verify":
+            result = drive.verify(problem_source, candidate_source or "", config)
+        elif mode == "time":
+            result = drive.time_candidate(
+                problem_source, candidate_source or "", config, trusted_echo_ms, trusted_echo_cpu_ms
+            )
+        else:
+            result = drive.time_baselines(problem_source, config)
+        if result.get("error_class") == drive.HARNESS_OUT_OF_MEMORY:  # the stage's task retries it
+            raise InfrastructureError(result["error_excerpt"])
+        return result
     if mode != "compile":
         raise ValueError(f"no stage {mode!r}")
     request = drive._request("compile", problem_source, candidate_source, config, "candidate")

@@ -1,7 +1,9 @@
 """Timing stage: the candidate and the PyTorch baselines (eager and torch.compile), same protocol.
 
-Both are sessions the orchestrator drives and clocks call by call (tasks/drive.py). Baselines are
-measured once per problem and run (their key holds the run's seeds, so a new run measures them
+Both are sessions the orchestrator drives and clocks call by call (tasks/drive.py). With
+`paired_reference` (the default) the time stage also times the reference eagerly, call for call
+beside the candidate's, and speedup_eager comes from that pair. Baselines are measured once per
+problem and run (their key holds the run's seeds, so a new run measures them
 again on the same machine state as its candidates, while a rerun of the same run replays them).
 """
 
@@ -27,6 +29,7 @@ def _timing_settings(config: RunConfig) -> list[Any]:
         config.max_timed_runs,
         config.timing_budget_s,
         config.threads,
+        config.paired_reference,
     ]
 
 
@@ -46,10 +49,19 @@ def time_baselines(problem: Problem, config: RunConfig) -> dict[str, Any]:
     return evaluate_in_worker("baseline", problem.source, None, config)
 
 
+def eager_time(timing: dict[str, Any], baseline: dict[str, Any]) -> tuple[float | None, str | None]:
+    """The eager reference time a candidate is compared with, and where it comes from: `paired`
+    (timed beside the candidate's calls) when the time stage has it, else the `baseline` stage's."""
+    if timing.get("paired_eager_ms"):
+        return timing["paired_eager_ms"], "paired"
+    eager_ms = baseline.get("eager_ms")
+    return eager_ms, "baseline" if eager_ms else None
+
+
 def speedups(timing: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float | None]:
-    """Baseline time / candidate time against eager, torch.compile and the faster of the two."""
+    """Reference time / candidate time against eager (see `eager_time`), torch.compile and the faster."""
     runtime_ms = timing.get("runtime_ms")
-    eager_ms, compile_ms = baseline.get("eager_ms"), baseline.get("compile_ms")
+    eager_ms, compile_ms = eager_time(timing, baseline)[0], baseline.get("compile_ms")
     if not runtime_ms:
         return {"speedup_eager": None, "speedup_compile": None, "speedup_best": None}
     best_ms = min(ms for ms in (eager_ms, compile_ms) if ms) if (eager_ms or compile_ms) else None

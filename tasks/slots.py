@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 TIMING_MODES = ("time", "baseline")
+PAIRED_MODE = "paired"
 GPU_MODES = ("verify", "time", "baseline")  # every stage that runs on the device
 _gpu_slot = threading.Lock()
 
@@ -60,7 +61,10 @@ _cpu_cores = SharedOrAlone()
 
 
 def device_slot(backend: str, mode: str) -> Any:
-    """The slot a `mode` stage of `backend` holds while its worker runs: the GPU, or the CPU cores."""
+    """The slot a `mode` stage of `backend` holds while its worker runs: the GPU, or the CPU cores.
+    `paired`: the reference worker timed beside a candidate, inside the time stage's slot."""
+    if mode == PAIRED_MODE:
+        return contextlib.nullcontext()
     if backend == "cpu":
         return _cpu_cores.alone() if mode in TIMING_MODES else _cpu_cores.shared()
     return _gpu_slot if backend in ("cuda", "triton") and mode in GPU_MODES else contextlib.nullcontext()

@@ -86,6 +86,10 @@ def _build(problem_source: str, backend: str, size_preset: str | None, init_seed
         modules.synchronize(device)
         flops = _flops(reference, inputs)
     except Exception as exc:  # noqa: BLE001 - whatever the problem file raises
+        from tasks.memory import is_out_of_memory
+
+        if is_out_of_memory(exc):  # the device is full, the problem is not broken (tasks/drive.py says so)
+            raise
         raise ReferenceFailed("".join(traceback.format_exception(exc))[-4000:]) from None
     tensors = output if isinstance(output, (tuple, list)) else [output]
     if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):

@@ -1,0 +1,85 @@
+"""The memory planner on hand-made problem sizes, and the harness's out-of-memory outcome."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tasks import memory
+from tasks.drive import HARNESS_OUT_OF_MEMORY, harness_out_of_memory
+from tasks.isolate import InfrastructureError
+from tasks.judge import evaluate_in_worker
+
+GB = 10**9
+RELU_TENSOR = 4096 * 393216 * 4  # KernelBench level 1, 19_ReLU: 6.4 GB in, 6.4 GB out
+
+
+def test_a_small_problem_keeps_everything_on_the_device_with_its_pair():
+    plan = memory.plan(16 << 20, 16 << 20, 1 << 20, budget_bytes=100 * GB, paired=True)
+
+    assert not plan.samples_on_host and plan.paired
+    assert plan.stage_bytes == memory.stage_bytes(16 << 20, 16 << 20, 1 << 20, False, True)
+
+
+@pytest.mark.parametrize(
+    ("budget_gb", "samples_on_host", "paired"),
+    [(100, False, True), (70, True, True), (50, True, False)],
+)
+def test_a_six_gigabyte_problem_gives_up_resident_copies_as_the_budget_shrinks(budget_gb, samples_on_host, paired):
+    plan = memory.plan(RELU_TENSOR, RELU_TENSOR, 0, budget_bytes=budget_gb * GB, paired=True)
+
+    assert (plan.samples_on_host, plan.paired) == (samples_on_host, paired)
+    assert plan.stage_bytes <= budget_gb * GB
+
+
+def test_a_problem_that_fits_no_plan_gets_the_leanest_one_and_says_so():
+    plan = memory.plan(RELU_TENSOR, RELU_TENSOR, 0, budget_bytes=10 * GB, paired=True)
+
+    assert plan.samples_on_host and not plan.paired
+    assert plan.stage_bytes > 10 * GB
+    described = plan.describe()
+    assert "inputs 6.00 GiB" in described and "a budget of 9.31 GiB" in described
+
+
+def test_without_a_device_nothing_is_planned_away():
+    plan = memory.plan(RELU_TENSOR, RELU_TENSOR, 0, budget_bytes=None, paired=True)
+
+    assert not plan.samples_on_host and plan.paired and "no budget" in plan.describe()
+
+
+def test_the_out_of_memory_outcome_names_the_bytes_and_the_budget():
+    plan = memory.plan(RELU_TENSOR, RELU_TENSOR, 0, budget_bytes=10 * GB, paired=True)
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB. GPU 0 has 2.1 GiB free")
+
+    outcome = harness_out_of_memory("time", error, plan)
+
+    assert memory.is_out_of_memory(error)
+    assert (outcome["outcome"], outcome["error_class"]) == ("runtime_error", HARNESS_OUT_OF_MEMORY)
+    assert "Tried to allocate 6.00 GiB" in outcome["error_excerpt"]
+    assert "a budget of 9.31 GiB" in outcome["error_excerpt"] and "time stage" in outcome["error_excerpt"]
+
+
+OUT_OF_MEMORY_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def get_inputs():
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.slow
+def test_running_out_of_memory_making_inputs_is_an_infrastructure_failure_not_a_broken_reference(config):
+    """The stage's task retries an InfrastructureError (a broken reference would skip the problem)."""
+    with pytest.raises(InfrastructureError, match="ran out of device memory in the baseline stage"):
+        evaluate_in_worker("baseline", OUT_OF_MEMORY_PROBLEM, None, config)
