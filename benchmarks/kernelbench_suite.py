@@ -2,7 +2,7 @@
 as its own candidate: speedups should be 1.00), the problems unchanged from a KernelBench checkout.
 
     python benchmarks/kernelbench_suite.py [--kernelbench ../shared/kernelbench] [--levels 1,2,3]
-        [--slice 0:50] [--backend cuda] [--rerun] [--parallel-problems N] [--out DIR]
+        [--slice 0:50] [--backend cuda] [--rerun] [--parallel-problems N] [--timeout S] [--out DIR]
 
 For each level, the selected files (sorted by KernelBench's problem number; `--slice` picks a range
 of them, so a device call can take a part) are linked into a suite folder `level<N>` and run with
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,10 +66,17 @@ def run_cli(suite: Path, args: argparse.Namespace, results_dir: Path, cache_dir:
     if args.no_torch_compile:
         command += ["--no-torch-compile"]
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True)
+    process = subprocess.Popen(
+        command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        log, _ = process.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:  # what was recorded so far is still reported
+        os.killpg(process.pid, signal.SIGKILL)
+        log, _ = process.communicate()
+        log += f"\n[kernelbench_suite] stopped after --timeout {args.timeout} s"
     wall_s = time.perf_counter() - start
-    log = done.stdout + done.stderr
-    return wall_s, done.returncode, log
+    return wall_s, process.returncode, log
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -130,6 +138,7 @@ def main() -> int:
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--parallel-problems", type=int, default=None)
     parser.add_argument("--no-torch-compile", action="store_true")
+    parser.add_argument("--timeout", type=float, default=None, help="stop each run after this many seconds")
     parser.add_argument("--rerun", action="store_true", help="run again over the same cache, side by side")
     parser.add_argument("--out", default=None, help="keep results and cache here (default: a temporary folder)")
     args = parser.parse_args()
