@@ -92,6 +92,9 @@ def report(label: str, suite: Path, results_dir: Path, wall_s: float, returncode
     except Exception as exc:  # noqa: BLE001 - a run that recorded nothing is reported, not raised
         print(f"{label}: no results ({exc}); exit {returncode}\n{log[-3000:]}")
         return {"label": label, "problems": len(problems), "judged": 0}
+    if runs.empty:
+        print(f"{label}: no run recorded; exit {returncode}\n{log[-3000:]}")
+        return {"label": label, "problems": len(problems), "judged": 0}
     run_id = runs.sort_values("started_at")["run_id"].iloc[-1]
     attempts = attempts[attempts["run_id"] == run_id]
     finished = runs[(runs["run_id"] == run_id) & runs["summary"].notna()]
