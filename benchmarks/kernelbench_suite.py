@@ -41,7 +41,10 @@ def problem_number(path: Path) -> int:
 
 
 def make_suite(kernelbench: Path, level: int, selection: slice, where: Path) -> Path:
-    files = sorted((kernelbench / f"level{level}").glob("*.py"), key=problem_number)[selection]
+    folder = kernelbench / f"level{level}"
+    if not folder.is_dir():
+        raise SystemExit(f"error: {folder} is not a folder: give --kernelbench the KernelBench checkout's problems")
+    files = sorted(folder.glob("*.py"), key=problem_number)[selection]
     suite = where / f"level{level}"
     suite.mkdir(parents=True)
     for path in files:
