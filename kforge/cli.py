@@ -569,11 +569,22 @@ def wheelhouse(
     find_links: Annotated[
         list[Path] | None, typer.Option("--find-links", help="Take wheels only from this folder (no index).")
     ] = None,
+    host_has: Annotated[
+        Path | None,
+        typer.Option(
+            "--host-has",
+            help="The GPU host's `pip list --format freeze`: its packages are left out (a smaller folder to carry).",
+        ),
+    ] = None,
 ) -> None:
     """Download the wheels kforge needs, except torch, for a GPU host without internet
     (there: bash scripts/install.sh --wheelhouse DIR)."""
-    from kforge.wheelhouse import WheelhouseError, build_wheelhouse
+    from kforge.wheelhouse import WheelhouseError, build_wheelhouse, host_packages, leave_out
 
+    try:
+        installed = host_packages(host_has.read_text()) if host_has else set()
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"--host-has {host_has}: cannot read it ({exc}); give the output of `pip list --format freeze` there")
     try:
         built = build_wheelhouse(dest, python_version=python, platform=platform, find_links=find_links or ())
     except WheelhouseError as exc:
@@ -581,6 +592,11 @@ def wheelhouse(
         raise typer.Exit(1) from None
     for note in built.notes:
         typer.secho(note, fg=typer.colors.YELLOW, err=True)
+    if installed:
+        dropped = leave_out(built.dest, installed, keep=["kforge"])
+        built.wheels = sorted(built.dest.glob("*.whl"))
+        size_mb = sum(w.stat().st_size for w in built.dest.glob("*.whl")) / 1e6
+        typer.echo(f"left out {len(dropped)} wheels the host has; {size_mb:.0f} MB to carry")
     typer.echo(built.summary())
 
 

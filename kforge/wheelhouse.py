@@ -250,6 +250,30 @@ def _pip(args: Sequence[str], what: str) -> None:
         raise WheelhouseError(f"{what} failed: {last}")
 
 
+def host_packages(text: str) -> set[str]:
+    """Normalized names from `pip list --format freeze` (or `pip freeze`, or one name per line) of a host."""
+    names = set()
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            names.add(_name(re.split(r"[=<>!~ @;\[]", line, maxsplit=1)[0]))
+    return names
+
+
+def leave_out(dest: Path, installed: set[str], keep: Sequence[str] = ()) -> list[Path]:
+    """Delete the wheels in `dest` of packages the GPU host already has (`installed`), except `keep`
+    (kforge's own wheel); returns what was left out. The host's versions are used as they are: pip
+    says so at install time if one does not satisfy kforge's requirements."""
+    kept = {_name(name) for name in keep}
+    dropped = []
+    for wheel in sorted(dest.glob("*.whl")):
+        name = _name(wheel.name.split("-")[0])
+        if name in installed and name not in kept:
+            wheel.unlink()
+            dropped.append(wheel)
+    return dropped
+
+
 def build_wheelhouse(
     dest: Path | str,
     python_version: str | None = None,

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from kforge import wheelhouse
 from kforge.cli import app
+from kforge.wheelhouse import host_packages, leave_out
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -176,3 +177,21 @@ def test_install_script_without_torch_says_so_in_one_line(tmp_path):
     result = subprocess.run([*script, "--wheelhouse", wh], env=env, capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr.startswith(f"error: no torch in {tmp_path / 'venv'}: ") and result.stderr.count("\n") == 1
+
+
+def test_wheels_of_packages_the_gpu_host_has_are_left_out(tmp_path):
+    freeze = (
+        "numpy==2.5.2\nPandas==3.0.0\ntyping_extensions==4.15.0\n# a comment\n-e git+https://x/y\npyarrow @ file:///w\n"
+    )
+    names = ["numpy-2.5.5-cp312-cp312-manylinux_2_28_x86_64.whl", "pandas-3.1.1-cp312-cp312-manylinux_2_28_x86_64.whl"]
+    names += ["typing_extensions-4.15.0-py3-none-any.whl", "pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl"]
+    names += ["prefect-3.8.8-py3-none-any.whl", "kforge-0.1.0-py3-none-any.whl"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+
+    installed = host_packages(freeze + "kforge==0.0.1\n")
+    dropped = leave_out(tmp_path, installed, keep=["kforge"])
+
+    assert installed == {"numpy", "pandas", "typing-extensions", "pyarrow", "kforge"}
+    assert sorted(p.name.split("-")[0] for p in dropped) == ["numpy", "pandas", "pyarrow", "typing_extensions"]
+    assert sorted(p.name for p in tmp_path.glob("*.whl")) == [names[5], names[4]]
