@@ -778,11 +778,19 @@ def _device_name(device_key: str) -> str:
 
 
 def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
-    """The reference timed eagerly and under torch.compile, with the same calls as a candidate's,
-    in a trusted worker; and `echo_ms`, its empty call's round trip, which bounds candidates' claims."""
+    """The reference timed eagerly (briefly when candidates get a paired reference) and under
+    torch.compile, with the same calls as a candidate's, in a trusted worker; and `echo_ms`, its
+    empty call's round trip, which bounds candidates' claims."""
+
+    # With a paired reference every candidate's time stage times the reference again beside it, and
+    # that pair decides speedup_eager: here a short eager timing is enough (a record of the problem,
+    # and the fallback when a candidate's stage cannot pair). The torch.compile timing stays full.
+    plan = memory_plan(problem_source, config)
+    paired = config.paired_reference and (plan is None or plan.paired)
+    eager_config = config.model_copy(update={"max_timed_runs": config.min_timed_runs}) if paired else config
 
     def body(session: Session) -> dict[str, Any]:
-        timed, echoes, _, _, _ = _timed_calls(session, config, judge=False)
+        timed, echoes, _, _, _ = _timed_calls(session, eager_config, judge=False)
         echo_ms = _echo_ms(echoes)
         eager = summarize(timed, echo_ms, _echo_cpu_ms(echoes), session.threads)
         result: dict[str, Any] = {
