@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kforge.config import RunConfig
-from tasks import trusted
+from tasks import slots, trusted
 from tasks.channel import Conversation, WorkerEnded, conversation
 from tasks.harness.protocol import WorkerRequest, failure
 from tasks.isolate import Limits, process_tree
@@ -735,9 +735,11 @@ def memory_plan(problem_source: str, config: RunConfig) -> Any:
     if config.backend == "cpu":
         return None
     try:
-        runtime = trusted.runtime_for(
-            problem_source, config.backend, config.effective_size_preset(), config.seeds("init", 1)[0]
-        )
+        # inside the GPU slot: building the runtime runs the reference, beside no one's timing
+        with slots.device_slot(config.backend, "verify"):
+            runtime = trusted.runtime_for(
+                problem_source, config.backend, config.effective_size_preset(), config.seeds("init", 1)[0]
+            )
     except trusted.ReferenceFailed:
         return None
     except Exception as exc:
