@@ -596,14 +596,17 @@ def _expected_calls(config: RunConfig) -> int:
     return config.warmup_runs + 2 + config.max_timed_runs
 
 
-def summarize(calls: list[Call], echo_ms: float, echo_cpu_ms: float | None = None, threads: int = 1) -> dict:
+def summarize(
+    calls: list[Call], echo_ms: float, echo_cpu_ms: float | None = None, threads: int = 1, source: str | None = None
+) -> dict:
     """The median of the claimed times, unless a floor the orchestrator measured itself has a higher
     median: then the claims are not borne out and that floor's times are the result. The floors:
     what the orchestrator saw each call take less `echo_ms` (an empty call's round trip), and on the
     cpu the worker's CPU time from the call's start to the next one's, less an empty call's
     (`echo_cpu_ms`), over its `threads` (CPU time does not grow when a busy machine delays the
     worker, and work done after the reply is in it). Medians first: a per-call maximum would add
-    every call's host noise to an honest kernel of tens of microseconds. `timing_source` says which."""
+    every call's host noise to an honest kernel of tens of microseconds. `timing_source` says which;
+    a given `source` is used as it is (a paired reference is timed the way its candidate was)."""
     candidates = {
         "claimed": sorted(c.claimed_ms for c in calls),
         "observed": sorted(max(0.0, c.observed_ms - echo_ms) for c in calls),
@@ -611,7 +614,8 @@ def summarize(calls: list[Call], echo_ms: float, echo_cpu_ms: float | None = Non
     if echo_cpu_ms is not None and all(c.cpu_ms is not None for c in calls):
         candidates["cpu"] = sorted(max(0.0, c.cpu_ms - echo_cpu_ms) / threads for c in calls)
     medians = {name: statistics.median(values) for name, values in candidates.items()}
-    source = "claimed" if medians["claimed"] >= max(medians.values()) else max(medians, key=medians.get)
+    if source not in candidates:  # `source` given: a paired reference takes its candidate's kind of time
+        source = "claimed" if medians["claimed"] >= max(medians.values()) else max(medians, key=medians.get)
     times = candidates[source]
     return {
         "median_ms": statistics.median(times),
@@ -698,7 +702,7 @@ def time_candidate(
             if echo_cpu_ms is not None and reference_echo_cpu_ms is not None:
                 echo_cpu_ms = min(echo_cpu_ms, reference_echo_cpu_ms)
                 summary = summarize(timed, echo_ms, echo_cpu_ms, session.threads)
-            reference = summarize(reference_timed, echo_ms, echo_cpu_ms, session.threads)
+            reference = summarize(reference_timed, echo_ms, echo_cpu_ms, session.threads, summary["timing_source"])
             paired = {
                 "paired_eager_ms": reference["median_ms"],
                 "paired_eager_p10_ms": reference["p10_ms"],
