@@ -20,6 +20,7 @@ from flows.synthesize import synthesize_problem
 from kforge.compact import compact_before
 from kforge.config import RunConfig
 from tasks.problems import Problem, RejectedFile, load_suite
+from tasks.publish import publish_task
 from tasks.record import host_facts, record_run_task, run_row
 
 
@@ -111,6 +112,11 @@ def run_suite(config: RunConfig) -> dict[str, Any]:
     }
     status = "failed" if failed_problems else "finished"
     record_run_task(run_row(run_id, config, status, started_at, facts, summary), config.results_dir)
+    published = publish_task(summary, config, return_state=True)  # the UI's table and summary artifacts
+    if published.is_completed():
+        summary["regressed"] = published.result()
+    else:
+        logger.warning("the run's Prefect artifacts were not published: %s", published.message)
     compact_task(config.results_dir, started_at.date())  # earlier days' partitions: one file each
     if failed_problems:
         raise SuiteFailed(

@@ -2,6 +2,7 @@
 mid-run failure replays finished stages from Prefect's cache instead of recomputing them."""
 
 import contextlib
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -183,3 +184,44 @@ def test_parallel_problems_overlap_and_timing_runs_alone(prefect_server, tmp_pat
         assert len(own_pair) == (stage[0] == "time"), f"{stage[0]}: the paired reference beside it: {own_pair}"
         others = [o for o in beside if o not in own_pair]
         assert not others, f"{stage[0]} shared the cores with {others}"
+
+
+def test_each_run_publishes_its_attempts_and_its_comparison_as_artifacts(prefect_server, tmp_path, config):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    from tasks.publish import artifact_key
+
+    suite = tmp_path / "nightly"
+    suite.mkdir()
+    (suite / "1_gelu.py").write_text((SMOKE / "1_gelu.py").read_text() + "\n# artifacts\n")
+    run_config = config.model_copy(
+        update={"suite": str(suite), "results_dir": str(tmp_path / "results"), "iterations": 0}
+    )
+    first, second = run_suite(run_config), run_suite(run_config)
+
+    assert first["regressed"] is False and second["regressed"] in (True, False)
+
+    def artifacts(kind: str) -> list:
+        # every field given: the pinned FastAPI refuses the nulls Prefect's client sends (issue 13)
+        return client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key(run_config, kind)])),
+            flow_run_filter=FlowRunFilter(),
+            task_run_filter=TaskRunFilter(),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=10,
+            offset=0,
+        )
+
+    with get_client(sync_client=True) as client:
+        tables, summaries = artifacts("attempts"), artifacts("summary")
+    assert artifact_key(run_config, "summary") == "kforge-nightly-cpu-summary"
+    assert len(tables) == 2 and len(summaries) == 2
+    latest_table = max(tables, key=lambda a: a.created)
+    rows = json.loads(latest_table.data) if isinstance(latest_table.data, str) else latest_table.data
+    assert [(row["problem_id"], row["outcome"]) for row in rows] == [("1_gelu", "correct")]
+    assert rows[0]["speedup_eager"] > 0 and rows[0]["runtime_ms"] > 0
+    texts = {str(a.data) for a in summaries}
+    assert any(first["run_id"] in text and "No comparison" in text for text in texts)
+    latest = max(summaries, key=lambda a: a.created).data
+    assert second["run_id"] in latest and "kforge compare" in latest and first["run_id"] in latest
