@@ -192,7 +192,7 @@ def test_each_run_publishes_its_attempts_and_its_comparison_as_artifacts(prefect
 
     from tasks.publish import artifact_key
 
-    suite = tmp_path / "nightly"
+    suite = tmp_path / "artifact-night"  # a suite name of its own: the artifact keys are per suite name
     suite.mkdir()
     (suite / "1_gelu.py").write_text((SMOKE / "1_gelu.py").read_text() + "\n# artifacts\n")
     run_config = config.model_copy(
@@ -215,7 +215,7 @@ def test_each_run_publishes_its_attempts_and_its_comparison_as_artifacts(prefect
 
     with get_client(sync_client=True) as client:
         tables, summaries = artifacts("attempts"), artifacts("summary")
-    assert artifact_key(run_config, "summary") == "kforge-nightly-cpu-summary"
+    assert artifact_key(run_config, "summary") == "kforge-artifact-night-cpu-summary"
     assert len(tables) == 2 and len(summaries) == 2
     latest_table = max(tables, key=lambda a: a.created)
     rows = json.loads(latest_table.data) if isinstance(latest_table.data, str) else latest_table.data
