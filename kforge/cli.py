@@ -427,6 +427,10 @@ def eval_one(
         int, typer.Option(help="Seed for the models' parameters (every call's inputs come from os.urandom).")
     ] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of lines.")] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="Wall-clock limit of each stage's worker, in seconds (default: compile 300, others 120)."),
+    ] = None,
 ) -> None:
     """One candidate through the harness (compile, verify, time, baselines), no LLM and no Prefect."""
     from tasks.compile import compile_candidate
@@ -439,7 +443,8 @@ def eval_one(
     except (OSError, ValueError) as exc:
         _fail(f"{getattr(exc, 'filename', None) or problem}: {exc}")
     candidate_source = _read_candidate(candidate)
-    config = _config_or_fail(backend=backend, cache_dir=cache, size_preset=size_preset, base_seed=seed)
+    limits = {"compile_timeout_s": timeout, "run_timeout_s": timeout} if timeout is not None else {}
+    config = _config_or_fail(backend=backend, cache_dir=cache, size_preset=size_preset, base_seed=seed, **limits)
     report: dict[str, Any] = {"problem": str(problem), "candidate": str(candidate)}
     for stage, evaluate in (
         ("compile", compile_candidate),
@@ -447,6 +452,7 @@ def eval_one(
         ("baseline", lambda parsed, _source, config: time_baselines(parsed, config)),
         ("time", lambda parsed, source, config: time_candidate(parsed, source, config, report["baseline"])),
     ):
+        typer.echo(f"{stage} ...", err=True)  # the stage as it goes (stderr: --json output stays one object)
         report[stage] = evaluate(parsed, candidate_source, config)
         if report[stage]["outcome"] != "correct":
             report["outcome"] = report[stage]["outcome"]

@@ -88,6 +88,27 @@ def test_eval_one_candidate(tmp_path):
     assert "max abs err" in draft.stdout
 
 
+def test_eval_shows_each_stage_and_takes_a_timeout(tmp_path):
+    endless = tmp_path / "endless.py"
+    endless.write_text(
+        "import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+        "        while True:\n            pass\n"
+    )
+    run = kforge(
+        "eval",
+        str(SMOKE / "1_relu.py"),
+        str(endless),
+        "--cache",
+        str(tmp_path / "cache"),
+        "--timeout",
+        "4",
+        home=tmp_path,
+    )
+
+    assert run.returncode == 1 and "outcome: timeout" in run.stdout, run.stdout + run.stderr
+    assert "compile ..." in run.stderr and "verify ..." in run.stderr and "time ..." not in run.stderr
+
+
 def test_bad_input_is_one_clear_line(tmp_path):
     malformed = tmp_path / "bad.py"
     malformed.write_text("def get_inputs(:\n")
