@@ -389,17 +389,7 @@ def _print_run(summary: dict[str, Any]) -> None:
     for problem_id in summary.get("broken_problems", []):
         typer.echo(f"skipped {problem_id}: its reference Model fails (see the run log)")
     if not attempts.empty:
-        columns = [
-            "problem_id",
-            "iteration",
-            "outcome",
-            "error_class",
-            "runtime_ms",
-            "eager_ms",
-            "compile_ms",
-            "speedup_eager",
-            "speedup_compile",
-        ]
+        columns = list(results.SUMMARY_COLUMNS)
         with pd.option_context(
             "display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3g}".format
         ):

@@ -29,6 +29,18 @@ SCHEMA_VERSION = 5  # 2: agents F and G; 3: the LLM soft check; 4: the trust bou
 
 RUN_STATUSES = ("running", "finished", "failed")
 BASELINES = ("eager", "compile", "best")
+# What a person reads first of an attempt: `kforge run`'s table and the run's Prefect artifact.
+SUMMARY_COLUMNS = (
+    "problem_id",
+    "iteration",
+    "outcome",
+    "error_class",
+    "runtime_ms",
+    "eager_ms",
+    "compile_ms",
+    "speedup_eager",
+    "speedup_compile",
+)
 
 _UTC_TIMESTAMP = pa.timestamp("us", tz="UTC")
 

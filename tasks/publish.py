@@ -17,18 +17,7 @@ from kforge import results
 from kforge.compare import CompareError, compare_runs, comparison_markdown
 from kforge.config import RunConfig
 
-TABLE_COLUMNS = (
-    "problem_id",
-    "iteration",
-    "outcome",
-    "error_class",
-    "runtime_ms",
-    "eager_ms",
-    "compile_ms",
-    "speedup_eager",
-    "speedup_compile",
-    "timing_source",
-)
+TABLE_COLUMNS = (*results.SUMMARY_COLUMNS, "timing_source")
 
 
 def artifact_key(config: RunConfig, kind: str) -> str:
