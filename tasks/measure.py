@@ -50,12 +50,14 @@ def time_baselines(problem: Problem, config: RunConfig) -> dict[str, Any]:
 
 
 def eager_time(timing: dict[str, Any], baseline: dict[str, Any]) -> tuple[float | None, str | None]:
-    """The eager reference time a candidate is compared with, and where it comes from: `paired`
-    (timed beside the candidate's calls) when the time stage has it, else the `baseline` stage's."""
-    if timing.get("paired_eager_ms"):
-        return timing["paired_eager_ms"], "paired"
-    eager_ms = baseline.get("eager_ms")
-    return eager_ms, "baseline" if eager_ms else None
+    """The eager reference time a candidate is compared with, and where it comes from: the lower of
+    `paired` (timed beside the candidate's calls) and the `baseline` stage's. The candidate is alive
+    while its pair is timed, and GPU work it leaves running after a reply would slow the pair; it
+    can never gain more than the baseline stage, timed with no candidate alive, allows."""
+    paired_ms, baseline_ms = timing.get("paired_eager_ms"), baseline.get("eager_ms")
+    if paired_ms and (not baseline_ms or paired_ms <= baseline_ms):
+        return paired_ms, "paired"
+    return baseline_ms, "baseline" if baseline_ms else None
 
 
 def speedups(timing: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float | None]:
