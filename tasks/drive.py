@@ -14,7 +14,10 @@ than the orchestrator saw it take (INTEGRITY.md rows 12, 14, 15, 17):
   result, so a forged claim gains nothing on the median.
 - Verify judges every call's output. Timing judges a sample drawn by the orchestrator as the calls
   go (reservoir sampling, so no call knows whether it will be judged) and always the last call; a
-  wrong output there is `integrity_violation`/`timed_output`. The number of calls varies.
+  wrong output there is `integrity_violation`/`timed_output`. The number of calls varies. On a GPU
+  the clock stops once this process has copied the outputs, and with a paired reference (given the
+  same inputs) every timed call's copy is compared with the reference's: a reply sent before the
+  kernels finished either waits in that copy or leaves a wrong output in it.
 - The worker's processes must be idle between calls: CPU time they use while the orchestrator
   prepares the next call (read from /proc in every gap of verify and a random third of timing's: a thread that finishes
   outputs late, or computes while inputs arrive) is `integrity_violation`/`busy_between_calls`.
@@ -32,7 +35,7 @@ import os
 import secrets
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +111,9 @@ class Session:
     _cpu_mark: int | None = None  # cpu: the worker's CPU ns when the previous step went out
     threads: int = 1  # the worker's compute threads
     samples_on_host: bool = False  # the memory plan's: judged outputs copied to host memory
+    # GPU: this process's copy of the outputs, taken inside each call's clock (see `_call`)
+    latest: list[Any] = field(default_factory=list)
+    candidate_source: str = ""  # what a kernel's name is looked up in (`_check_ops`)
     # seconds spent on the checks, by kind (benchmarks/integrity_overhead.py reports their share)
     check_s: dict[str, float] = field(default_factory=dict)
 
@@ -168,6 +174,9 @@ def _session(
             raise Stop(_claimed_failure(ready))
         buffers = _attach(talk, runtime)
         session = Session(talk, runtime, buffers, isolation=ready.get("isolation"), ahead=ahead)
+        session.candidate_source = candidate_source or ""
+        if runtime.device.type == "cuda" and stage != "baseline":  # the baselines run trusted code alone
+            session.latest = [view.clone() for view in buffers.outputs]
         session.threads = config.threads or os.cpu_count() or 1
         if time.perf_counter() - made < 0.001:  # the worker was ready before the inputs were: count them
             session.check_s["inputs"] = made - started
@@ -286,8 +295,24 @@ def _cpu_ns(pid: int) -> int:
     return total
 
 
-def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
-    """One call on fresh inputs, clocked from here."""
+def _next_inputs(session: Session) -> tuple[int, list[Any]]:
+    """A fresh seed and the inputs made from it, here (made ahead of time on the cpu)."""
+    with session.spending("inputs"):
+        if session.ahead:
+            return session.ahead.popleft()
+        seed = trusted.new_seed()
+        return seed, trusted.make_inputs(session.runtime, seed)
+
+
+def _call(
+    session: Session, record: bool = False, echo: bool = False, given: tuple[int, list[Any]] | None = None
+) -> Call:
+    """One call on fresh inputs (or the `given` seed and inputs: a paired reference gets its
+    candidate's), clocked from here. On a GPU the clock stops only once this process holds its own
+    copy of the outputs: a worker that replies before its kernels are done has either that wait
+    charged (the copy queues behind them) or an unfinished output in the copy, which is what is
+    judged (the device does not run two processes' kernels at once, but it may switch between them
+    before the worker's last kernel)."""
     import torch
 
     from tasks.harness import modules
@@ -295,11 +320,8 @@ def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
     runtime, buffers = session.runtime, session.buffers
     seed, inputs = 0, []
     if not echo:  # an empty call reads no inputs
+        seed, inputs = given if given is not None else _next_inputs(session)
         with session.spending("inputs"):
-            seed, inputs = session.ahead.popleft() if session.ahead else (seed, None)
-            if inputs is None:
-                seed = trusted.new_seed()
-                inputs = trusted.make_inputs(runtime, seed)
             for target, value in zip(buffers.inputs, inputs):
                 if target is not None:
                     target.copy_(value)
@@ -316,6 +338,10 @@ def _call(session: Session, record: bool = False, echo: bool = False) -> Call:
     started = time.perf_counter()
     session.talk.send(step)
     reply = session.talk.receive()
+    for copy, view in zip(session.latest, buffers.outputs):
+        copy.copy_(view)
+    if session.latest:
+        modules.synchronize(runtime.device)
     ended = time.perf_counter()
     session._replied_at = None
     if secrets.randbelow(session.watched_gap_share) == 0:  # reading /proc costs: a sample of the gaps
@@ -359,10 +385,15 @@ def _copy_out(session: Session, call: Call) -> Any:
     for index, (target, value) in enumerate(zip(session.buffers.inputs, call.inputs)):
         if target is not None and not torch.equal(target, value):
             raise _failure("integrity_violation", "modified_input", f"the candidate wrote into input {index}")
+    outputs = session.latest or session.buffers.outputs  # on a GPU: as the call's clock ended
     if session.samples_on_host:
-        copies = [view.to("cpu", copy=True) for view in session.buffers.outputs]
+        copies = [view.to("cpu", copy=True) for view in outputs]
     else:
-        copies = [view.clone() for view in session.buffers.outputs]
+        copies = [view.clone() for view in outputs]
+    return _as_output(session, copies)
+
+
+def _as_output(session: Session, copies: list[Any]) -> Any:
     container = session.runtime.layout.output_container
     if container is None:
         return copies[0]
@@ -370,13 +401,21 @@ def _copy_out(session: Session, call: Call) -> Any:
 
 
 def _check_ops(session: Session, call: Call, config: RunConfig) -> None:
-    from tasks.harness.dispatch import library_calls
+    from tasks.harness.dispatch import library_calls, library_kernels
 
-    calls = library_calls(set(session.runtime.reference_ops), set(call.ops or []))
-    if calls and not config.allow_library_calls:
+    if config.allow_library_calls:
+        return
+    reference_ops, ops = set(session.runtime.reference_ops), set(call.ops or [])
+    if calls := library_calls(reference_ops, ops):
         names = ", ".join(f"aten::{name}" for name in calls)
         excerpt = f"ModelNew.forward dispatched {names}, which the reference computes (library calls are off)"
         raise _failure("integrity_violation", "reference_op", excerpt)
+    if kernels := library_kernels(reference_ops, ops, session.candidate_source):
+        excerpt = (
+            f"ModelNew.forward ran the library kernel {kernels[0][:200]} for the reference's matrix product or "
+            "convolution (library calls are off): write the kernel, or set allow_library_calls"
+        )
+        raise _failure("integrity_violation", "library_kernel", excerpt)
 
 
 def _run_stage(
@@ -400,7 +439,8 @@ def _run_stage(
             session = stack.enter_context(_session(stage, problem_source, candidate_source, config, calls_ahead))
             session.samples_on_host = bool(plan and plan.samples_on_host)
             if paired:
-                partner = stack.enter_context(_session("paired", problem_source, None, config, calls_ahead))
+                # the partner gets its candidate's inputs (`_timed_calls`): none made ahead for it
+                partner = stack.enter_context(_session("paired", problem_source, None, config))
                 result = body(session, partner)
             else:
                 result = body(session)
@@ -496,22 +536,28 @@ def _timed_calls(
     machine does meanwhile, so their ratio holds on a busy host."""
     turn = [0]
 
-    def paired(call_session: Callable[[Session], Call]) -> Call:
-        """`call_session` on the session and, if there is one, on the partner, the order alternating."""
+    def paired(echo: bool = False, index: int | None = None) -> Call:
+        """A call on the session and, if there is one, on the partner with the same inputs, the
+        order alternating. On a GPU the two outputs of a timed call (`index`) are compared: every
+        timed call is judged against the reference's output, not only the sample."""
         turn[0] += 1
         if partner is None:
-            return call_session(session)
+            return _call(session, echo=echo)
+        given = None if echo else _next_inputs(session)
         if turn[0] % 4 in (1, 0):  # A B B A A B B A ...
-            call, _ = call_session(session), partner_calls.append(call_session(partner))
+            call = _call(session, echo=echo, given=given)
+            partner_calls.append(_call(partner, echo=echo, given=given))
         else:
-            partner_calls.append(call_session(partner))
-            call = call_session(session)
+            partner_calls.append(_call(partner, echo=echo, given=given))
+            call = _call(session, echo=echo, given=given)
         partner_calls[-1].inputs = []  # a partner's outputs are not judged: its inputs can go now
+        if index is not None and session.latest and partner.latest:
+            _judge_against_partner(session, partner, index)
         return call
 
     partner_calls: list[Call] = []
     for _ in range(config.warmup_runs + secrets.randbelow(3)):
-        paired(_call)
+        paired()
     partner_calls.clear()
     timed: list[Call] = []
     echoes: list[Call] = []
@@ -522,14 +568,14 @@ def _timed_calls(
     for index in range(config.max_timed_runs):
         if len(echoes) < ECHO_CALLS or secrets.randbelow(ECHO_SHARE) == 0:
             with session.spending("echo"):
-                echoes.append(paired(lambda s: _call(s, echo=True)))
+                echoes.append(paired(echo=True))
         record = judge and secrets.randbelow(RECORDED_TIMED_SHARE) == 0
         if record:  # a watched call is not timed, and has no partner
             with session.spending("watched_calls"):
                 call = _call(session, record=True)
             _check_ops(session, call, config)
         else:
-            call = paired(_call)
+            call = paired(index=index) if judge else paired()
             timed.append(call)
         spent_ms += call.claimed_ms
         last = index == config.max_timed_runs - 1 or (
@@ -552,6 +598,18 @@ def _timed_calls(
         _account_cpu(partner)
         _charge_exited_threads(partner, partner_before, partner_timed, len(partner_calls))
     return timed, echoes, sample, partner_timed, partner_echoes
+
+
+def _judge_against_partner(session: Session, partner: Session, index: int) -> None:
+    """The candidate's output of timed call `index` as this process copied it when the call's clock
+    stopped, against the paired reference's on the same inputs."""
+    from tasks.harness.checks import compare_outputs
+
+    with session.spending("judge"):
+        mismatch, _, _ = compare_outputs(_as_output(partner, partner.latest), _as_output(session, session.latest))
+    if mismatch:
+        excerpt = f"the output of timed call {index}, as it stood when the call returned, is wrong: {mismatch.report}"
+        raise _failure("integrity_violation", "timed_output", excerpt)
 
 
 def _all_cpu(session: Session) -> tuple[float, int] | None:

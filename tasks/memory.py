@@ -3,7 +3,8 @@
 KernelBench holds problems of 6.4 GB per tensor (level 1's 19_ReLU: 4096 x 393216 float32). A timing
 stage keeps, on the device and across three processes, the orchestrator's inputs and reference
 output (made again to judge a sampled call, with a clone of the inputs for the reference's
-forward), its copies of the sampled outputs, and in each worker (the candidate's and the paired
+forward), its copies of the sampled outputs, the copy of each worker's outputs it takes as a call
+ends and a comparison's temporaries, and in each worker (the candidate's and the paired
 reference's) the parameters, an input and an output buffer and the model's own output. The plan
 says which of those stay on the device and which go elsewhere, within `budget_bytes`:
 
@@ -23,6 +24,9 @@ from typing import Any
 
 # Sampled timed outputs kept until the end of a timing stage (drive.JUDGED_TIMED_CALLS + the last).
 KEPT_SAMPLES = 3
+# Output-sized temporaries of one comparison (tasks/harness/checks.py: the differences, the allowed
+# differences, the finite copy the RMS is taken of).
+COMPARE_TEMPORARIES = 3
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ def gib(count: int) -> str:
 def stage_bytes(inputs: int, outputs: int, parameters: int, samples_on_host: bool, paired: bool) -> int:
     """The device bytes a timing stage holds at its peak (see the module docstring)."""
     orchestrator = parameters + 3 * inputs + outputs + (0 if samples_on_host else KEPT_SAMPLES * outputs)
+    # the copy of each session's outputs taken as a call's clock stops (tasks/drive.py: `_call`)
+    orchestrator += outputs * (2 if paired else 1) + COMPARE_TEMPORARIES * outputs
     worker = parameters + inputs + 2 * outputs
     return orchestrator + worker * (2 if paired else 1)
 
