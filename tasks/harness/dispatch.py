@@ -1,17 +1,20 @@
-"""Which torch operators a forward dispatched (INTEGRITY.md rows 1 and 18), recorded at runtime.
+"""Which torch operators and device kernels a forward ran (INTEGRITY.md rows 1 and 18), recorded at
+runtime.
 
 The static pre-check sees `torch.matmul` in the source; this sees what actually ran, however it was
 reached (getattr, a helper, a library layer, an `except` fallback, at::mm from C++ in a
 load_inline extension), on every thread of the process: torch's profiler with
 `profile_all_threads`, so an op called from a helper thread or a thread C++ started is seen too
 (a TorchDispatchMode sees only its own thread). Where that option is missing (older torch), the
-recording falls back to the calling thread and says so. Kernels called through ctypes or launched
-by Triton never pass through torch's dispatcher and are not seen: they are the candidate's own code.
+recording falls back to the calling thread and says so. On a GPU the device trace (CUPTI, through
+the same profiler) names every kernel the process launched, on any stream: a cuBLAS or cuDNN kernel
+called from C++ or through ctypes, past torch's dispatcher, is seen by its name (`library_kernels`).
 It runs in the candidate's process, so it is a first line: the orchestrator's judging stands behind it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -26,21 +29,43 @@ ALWAYS_ALLOWED = frozenset(
 )
 # Asking for one of these when the reference computes another is still calling the library for it.
 MATMUL_FAMILY = frozenset("mm addmm bmm baddbmm matmul linear addmv mv dot vdot _addmm_activation einsum".split())
+CONVOLUTION_FAMILY = frozenset(
+    """convolution _convolution conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d
+    cudnn_convolution cudnn_convolution_transpose convolution_overrideable""".split()
+)
+KERNEL_PREFIX = "kernel:"  # a device kernel's name among the recorded ops
+# Words in the kernel names of NVIDIA's prebuilt libraries: cuBLAS and cuBLASLt (sgemm, xmma_gemm,
+# gemv, nvjet on Hopper, split-K reductions) and cuDNN (implicit GEMM, Winograd, FFT convolutions).
+LIBRARY_KERNEL_WORDS = re.compile(
+    r"gemm|gemv|xmma|nvjet|cublas|splitkreduce|cudnn|convolve|winograd|fft|dgrad|wgrad", re.IGNORECASE
+)
 
 
-def record_ops(fn: Callable[..., Any], *args: Any, all_threads: bool = True) -> tuple[Any, set[str]]:
+def record_ops(
+    fn: Callable[..., Any], *args: Any, all_threads: bool = True, device_kernels: bool = False
+) -> tuple[Any, set[str]]:
     """fn(*args) and the set of aten operator names (e.g. 'mm', 'relu') dispatched while it ran,
-    on every thread of the process (`all_threads`) or on the calling thread alone. One profiler per
-    process at a time: the orchestrator records references under a lock (tasks/trusted.py)."""
+    on every thread of the process (`all_threads`) or on the calling thread alone, with
+    `device_kernels` also the names of the CUDA kernels it launched (as KERNEL_PREFIX + name). One
+    profiler per process at a time: the orchestrator records references under a lock
+    (tasks/trusted.py)."""
     from torch.autograd.profiler import profile
 
     # torch.profiler.profile would look for torch._inductor, which imports dynamo (1 s) and replaces
     # torch.manual_seed: the autograd profiler underneath it does the recording without that.
     config = _all_threads_config() if all_threads else None
-    with profile(use_kineto=True, experimental_config=config) as recorded:
+    device = "cuda" if device_kernels else None
+    with profile(use_kineto=True, use_device=device, experimental_config=config) as recorded:
         result = fn(*args)
-    names = {event.name for event in recorded.function_events}
-    return result, {name[6:].split(".")[0] for name in names if name.startswith("aten::")}
+    names = set()
+    for event in recorded.function_events:
+        if event.name.startswith("aten::"):
+            names.add(event.name[6:].split(".")[0])
+        for kernel in getattr(event, "kernels", None) or []:  # device kernels, by the launch that made them
+            names.add(KERNEL_PREFIX + kernel.name)
+        if device_kernels and str(getattr(event, "device_type", "")).endswith("CUDA"):
+            names.add(KERNEL_PREFIX + event.name)
+    return result, names
 
 
 def _all_threads_config() -> Any:
@@ -59,3 +84,29 @@ def library_calls(reference_ops: set[str], candidate_ops: set[str]) -> list[str]
     if computed & MATMUL_FAMILY:
         computed |= MATMUL_FAMILY
     return sorted(candidate_ops & computed)
+
+
+def library_kernels(reference_ops: set[str], candidate_ops: set[str], candidate_source: str) -> list[str]:
+    """The device kernels the candidate ran that come from NVIDIA's prebuilt math libraries, where the
+    reference computes a matrix product or a convolution (sorted). A kernel the candidate wrote
+    itself is one whose name appears in its source (CUTLASS templates it compiles included)."""
+    computed = reference_ops - ALWAYS_ALLOWED
+    if not computed & (MATMUL_FAMILY | CONVOLUTION_FAMILY):
+        return []
+    found = []
+    for op in candidate_ops:
+        if not op.startswith(KERNEL_PREFIX):
+            continue
+        name = op[len(KERNEL_PREFIX) :]
+        if LIBRARY_KERNEL_WORDS.search(name) and not _own_kernel(name, candidate_source):
+            found.append(name)
+    return sorted(found)
+
+
+def _own_kernel(name: str, source: str) -> bool:
+    """Whether the kernel `name` (as CUPTI demangles it) is named in `source`: its function name, or
+    the CUTLASS namespace a template instantiation of the candidate's carries."""
+    base = re.sub(r"^void\s+", "", name).split("(")[0].split("<")[0].split("::")[-1].strip()
+    if len(base) >= 4 and re.search(rf"\b{re.escape(base)}\b", source):
+        return True
+    return "cutlass" in name.lower() and "cutlass" in source.lower()
