@@ -9,6 +9,7 @@ demo: install
 	.venv/bin/kforge report --run-id latest
 
 test: install
+	bash scripts/browser.sh
 	.venv/bin/ruff check .
 	.venv/bin/python -m pytest -q --durations=10
 
