@@ -11,14 +11,16 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import wait
+from prefect.futures import as_completed, wait
 from prefect.runtime import flow_run
+from prefect.states import Completed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.transactions import CommitMode, transaction
 
 from flows.synthesize import synthesize_problem
 from kforge.compact import compact_before
 from kforge.config import RunConfig
+from kforge.progress import start as start_progress
 from tasks.problems import Problem, RejectedFile, load_suite
 from tasks.publish import publish_task
 from tasks.record import host_facts, record_run_task, run_row
@@ -65,9 +67,19 @@ def seed_from(run_id: str) -> int:
     return int(hashlib.sha256(run_id.encode()).hexdigest()[:8], 16)
 
 
+def final_state(summary: dict[str, Any]) -> State | dict[str, Any]:
+    """The flow run's end: a Completed state named `Regressed` when `kforge compare` found regressions
+    against the previous run, so the Prefect UI and `prefect flow-run ls` show it; the summary is its data."""
+    if not summary.get("regressed"):
+        return summary
+    message = f"regressed against the previous run: `kforge compare {summary['run_id']}` lists what changed"
+    return Completed(name="Regressed", message=message, data=summary)
+
+
 @flow(name="run-suite", flow_run_name=suite_run_name)
-def run_suite(config: RunConfig) -> dict[str, Any]:
-    """Every problem of `config.suite` through the pipeline; returns counts per outcome."""
+def run_suite(config: RunConfig) -> dict[str, Any] | State:
+    """Every problem of `config.suite` through the pipeline; returns counts per outcome (a run that
+    regressed ends in a Completed state named `Regressed`, see `final_state`)."""
     logger = get_run_logger()
     # The flow run id survives a retry from the UI, so the rerun keeps its seeds and cache keys.
     run_id = str(flow_run.get_id() or uuid.uuid4())
@@ -82,9 +94,16 @@ def run_suite(config: RunConfig) -> dict[str, Any]:
 
     # The runner is made here, not on the decorator, so the config decides the fan-out however the
     # flow is started (kforge run, kforge retry, Retry in the UI, run-grid).
+    progress = start_progress(len(problems))  # kforge run's bar or lines; nothing in a deployment
     with ThreadPoolTaskRunner(max_workers=config.effective_parallel_problems()) as runner:
         futures = [runner.submit(problem_task, {"problem": p, "config": config, "run_id": run_id}) for p in problems]
-        wait(futures)  # leaving the runner cancels what is still running
+        problem_of = {future: problem for future, problem in zip(futures, problems)}
+        for future in as_completed(futures):  # all of them: leaving the runner cancels what is still running
+            future.wait()  # the done callback can come before the future holds its final state (and its data)
+            if progress is not None:
+                state = future.state
+                progress.problem_done(problem_of[future].problem_id, state.result() if state.is_completed() else [])
+        wait(futures)
     states = [future.state for future in futures]
 
     outcomes: Counter[str] = Counter()
@@ -123,4 +142,4 @@ def run_suite(config: RunConfig) -> dict[str, Any]:
             f"{len(failed_problems)} problem(s) failed: {', '.join(failed_problems)}; "
             f"`kforge retry {run_id}` (or Retry in the Prefect UI) redoes only what failed"
         )
-    return summary
+    return final_state(summary)
