@@ -74,6 +74,12 @@ class RunConfig(BaseModel):
         description="Time the reference eagerly beside each candidate, call for call in alternating order, and "
         "take speedup_eager from that pair: both times come from the same machine state, busy or quiet",
     )
+    reuse_baselines: bool = Field(
+        False,
+        description="Reuse each problem's baseline stage (eager and torch.compile times, the trusted echo) from "
+        "an earlier run on the same host, device and toolchain, as a nightly rerun of a suite would; off: every "
+        "run times its baselines again",
+    )
     threads: int | None = Field(None, description="CPU threads per worker (default: all cores)")
     compile_timeout_s: float = Field(300.0, gt=0)
     run_timeout_s: float = Field(120.0, gt=0, description="Wall-time limit of a verify or timing worker")

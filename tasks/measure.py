@@ -4,11 +4,15 @@ Both are sessions the orchestrator drives and clocks call by call (tasks/drive.p
 `paired_reference` (the default) the time stage also times the reference eagerly, call for call
 beside the candidate's, and speedup_eager comes from that pair. Baselines are measured once per
 problem and run (their key holds the run's seeds, so a new run measures them
-again on the same machine state as its candidates, while a rerun of the same run replays them).
+again on the same machine state as its candidates, while a rerun of the same run replays them);
+with `reuse_baselines` once per problem, host, device and toolchain (a nightly rerun reuses them).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -83,9 +87,32 @@ def _candidate_key(_context: Any, parameters: dict[str, Any]) -> str:
 
 
 def _baseline_key(_context: Any, parameters: dict[str, Any]) -> str:
+    """Per run (its seeds are in the key), or with `reuse_baselines` per host, device and toolchain:
+    the inputs of every timed call come from os.urandom either way, and the weights from the init seed,
+    which moves no time."""
     problem: Problem = parameters["problem"]
     config: RunConfig = parameters["config"]
-    return content_key("baseline", problem.source_hash, config.torch_compile_baseline, *_timing_settings(config))
+    settings = _timing_settings(config)
+    if config.reuse_baselines:
+        settings = [s for s in settings if s != config.seeds("time", 1)] + [_host_fingerprint()]
+    return content_key("baseline", problem.source_hash, config.torch_compile_baseline, *settings)
+
+
+@functools.lru_cache(maxsize=1)
+def _host_fingerprint() -> str:
+    """The host, its GPU and driver (nvidia-smi), and its CPU: what a reused baseline was timed on."""
+    from tasks.record import host_facts
+
+    facts = host_facts()
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "")
+    return f"{facts['host']}; {facts['gpu_name']}; {facts['driver']}; {cpu}; {os.cpu_count()} cores"
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
 
 
 @task(
