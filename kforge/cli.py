@@ -168,6 +168,9 @@ def run(
     torch_compile: Annotated[
         bool | None, Opt(help="Also time the reference under torch.compile (default: on).")
     ] = None,
+    reuse_baselines: Annotated[
+        bool | None, Opt(help="Reuse baselines timed by an earlier run on this host and toolchain (default: off).")
+    ] = None,
     model: Annotated[str | None, Opt(envvar="KFORGE_MODEL", help="Model name; without one, no model is used.")] = None,
     base_url: Annotated[
         str | None, Opt(envvar="KFORGE_BASE_URL", help="OpenAI-compatible endpoint (default: OpenAI).")
@@ -212,6 +215,7 @@ def run(
             "threads": threads,
             "parallel_problems": parallel_problems,
             "torch_compile_baseline": torch_compile,
+            "reuse_baselines": reuse_baselines,
             "reference_backend": reference_backend,
             "performance_agent": performance_agent,
             "soft_check": soft_check,
@@ -236,9 +240,11 @@ def run(
         config = config.model_copy(update={"performance_agent": False})
     _prepare_prefect(config.cache_dir)
     from flows.suite import run_suite
+    from kforge.progress import reporting
 
     try:
-        summary = run_suite(config)
+        with reporting():
+            summary = run_suite(config)
     except Exception as exc:  # the flow already recorded every finished attempt
         _fail(f"{type(exc).__name__}: {exc}")
     _print_run(summary)
@@ -503,6 +509,10 @@ def report(
     run_id: Annotated[str | None, typer.Option(help="Only this run ('latest' for the newest).")] = None,
     baseline: Annotated[str, typer.Option(help="Speedup baseline: eager | compile | best.")] = "eager",
     by: Annotated[str, typer.Option(help="Comma-separated grouping columns.")] = "level,backend",
+    html: Annotated[
+        Path | None,
+        typer.Option(help="Also write one self-contained HTML page of the run (--run-id, default the latest) to PATH."),
+    ] = None,
 ) -> None:
     """fast_p at p = 0, 1, 1.5, 2 and geometric-mean speedup per group, from the Parquet results."""
     import pandas as pd
@@ -511,6 +521,8 @@ def report(
 
     if baseline not in results_lib.BASELINES:
         _fail(f"--baseline {baseline!r}: use one of {', '.join(results_lib.BASELINES)}")
+    if html is not None:
+        _write_html(results, html, run_id, baseline)
     attempts = results_lib.load("attempts", results)
     if attempts.empty:
         _fail(f"no attempts recorded under {results}/attempts (run `kforge run` first)")
@@ -529,6 +541,19 @@ def report(
     typer.echo(f"{len(attempts)} attempts, {attempts['run_id'].nunique()} run(s), speedup vs {baseline}")
     with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
         typer.echo(table.to_string(index=False))
+
+
+def _write_html(results: str, path: Path, run_id: str | None, baseline: str) -> None:
+    from kforge.htmlreport import ReportError, write_html_report
+
+    try:
+        page = write_html_report(results, path, run_id=run_id, baseline=baseline)
+    except ReportError as exc:
+        _fail(str(exc))
+    typer.echo(
+        f"wrote {page.page_path} (run {page.run_id}; {len(page.png_paths)} plots and "
+        f"{len(page.kernel_paths)} kernels beside it)"
+    )
 
 
 @app.command()

@@ -48,6 +48,13 @@ def test_run_smoke_suite_then_report(tmp_path):
 
     attempts = results.load("attempts", results_dir)
     problem_ids = {path.stem for path in SMOKE.glob("*.py")}
+    # not a terminal: one progress line per problem on stderr, in the order they finished
+    progress = [line for line in run.stderr.splitlines() if line.split(" ", 1)[0].endswith(f"/{len(problem_ids)}")]
+    assert [line.split(" ", 1)[0] for line in progress] == [
+        f"{k}/{len(problem_ids)}" for k in range(1, len(problem_ids) + 1)
+    ]
+    assert {line.split(" ")[1].rstrip(":") for line in progress} == problem_ids
+    assert all(": correct " in line and "elapsed" in line for line in progress), progress
     assert set(attempts["problem_id"]) == problem_ids  # every problem has a row
     assert {"correct", "compile_error", "numerical_mismatch", "shape_mismatch"} <= set(attempts["outcome"])
     final = attempts.sort_values("iteration").groupby("problem_id").tail(1)
@@ -62,6 +69,13 @@ def test_run_smoke_suite_then_report(tmp_path):
     expected = results.report_table(attempts)
     for level, row in expected.iterrows():
         assert f"{row['fast_0']:.3f}" in report.stdout, (level, report.stdout)
+
+    page = tmp_path / "night.html"
+    html = kforge("report", "--results", str(results_dir), "--html", str(page), home=tmp_path)
+    assert html.returncode == 0, html.stderr
+    run_id = runs["run_id"].iloc[0]
+    assert f"wrote {page} (run {run_id}; 3 plots and {len(problem_ids)} kernels beside it)" in html.stdout
+    assert run_id in page.read_text() and (tmp_path / "night_fast_p.png").stat().st_size > 0
 
 
 def test_eval_one_candidate(tmp_path):

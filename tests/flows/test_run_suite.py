@@ -225,3 +225,50 @@ def test_each_run_publishes_its_attempts_and_its_comparison_as_artifacts(prefect
     assert any(first["run_id"] in text and "No comparison" in text for text in texts)
     latest = max(summaries, key=lambda a: a.created).data
     assert second["run_id"] in latest and "kforge compare" in latest and first["run_id"] in latest
+
+
+def test_a_run_that_regressed_ends_in_a_state_named_regressed(prefect_server, tmp_path, config):
+    """The same suite twice; the second time its problem computes twice the GELU, which the offline
+    agent's kernel (GELU) no longer matches: `correct` becomes `numerical_mismatch`, a new failure, and
+    the flow run's final state says so (what `prefect flow-run ls` and the UI show)."""
+    suite = tmp_path / "regress-night"  # a suite name of its own: runs are compared per suite name
+    suite.mkdir()
+    problem = (SMOKE / "1_gelu.py").read_text()
+    (suite / "1_gelu.py").write_text(problem)
+    run_config = config.model_copy(
+        update={"suite": str(suite), "results_dir": str(tmp_path / "results"), "iterations": 0}
+    )
+    first = run_suite(run_config, return_state=True)
+    assert first.name == "Completed" and first.result()["regressed"] is False
+
+    doubled = problem.replace("return self.gelu(x)", "return 2 * self.gelu(x)")
+    assert doubled != problem
+    (suite / "1_gelu.py").write_text(doubled)
+    second = run_suite(run_config, return_state=True)
+
+    assert second.is_completed() and second.name == "Regressed", (second.name, second.message)
+    summary = second.result()
+    assert summary["regressed"] is True and summary["outcomes"] == {"numerical_mismatch": 1}
+    assert f"kforge compare {summary['run_id']}" in second.message
+
+
+def test_a_new_run_reuses_the_baselines_of_an_earlier_one_only_when_asked(prefect_server, tmp_path, config):
+    """`reuse_baselines`: a nightly rerun of the same suite on the same host and toolchain takes each
+    problem's baseline stage from the cache; without it every run times its baselines again."""
+    suite = tmp_path / "baseline-night"
+    suite.mkdir()
+    (suite / "1_gelu.py").write_text((SMOKE / "1_gelu.py").read_text() + "\n# reuse_baselines\n")
+    run_config = config.model_copy(  # no fixed seed: each run draws its own from its run id, as a nightly run does
+        update={"suite": str(suite), "results_dir": str(tmp_path / "results"), "iterations": 0, "base_seed": None}
+    )
+    reusing = run_config.model_copy(update={"reuse_baselines": True})
+    for name, settings in (("reuse-1", reusing), ("reuse-2", reusing), ("fresh", run_config)):
+        with tags(f"baselines-{name}"):
+            assert run_suite(settings, return_state=True).is_completed()
+
+    # with reuse the first run times the baseline and the second reuses it; without, a run times its own
+    assert stage_states("baselines-reuse-1")[("baseline", "Completed")] == 1
+    reused = stage_states("baselines-reuse-2")
+    assert reused[("baseline", "Cached")] == 1 and reused[("baseline", "Completed")] == 0
+    assert stage_states("baselines-fresh")[("baseline", "Completed")] == 1
+    assert reused[("time", "Completed")] == 1  # the candidate is still timed afresh, beside its paired reference
