@@ -13,6 +13,7 @@ from tasks.generate import GenerationRequest, backoff_delays, failed_generation,
 from tasks.measure import baseline_task, time_task
 from tasks.policy import after_attempt, broken_reference
 from tasks.problems import Problem
+from tasks.profile import profile_task, record_profile_task
 from tasks.record import attempt_row, record_attempt_task
 from tasks.softcheck import failed_soft_check, needs_model_notice, soft_check_task, wants_soft_check, with_soft_check
 from tasks.verify import verify_task
@@ -70,13 +71,18 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
         reply = state.result() if state.is_completed() else failed_generation(state.result(False), config)
         stage_results = {}
         if reply.candidate_source:
+            first_baseline = not baseline
             baseline = baseline or baseline_task(problem, config)
             if reason := broken_reference(problem.problem_id, baseline):
                 get_run_logger().error(reason)
                 return rows
+            if config.profile and first_baseline:
+                _profile(problem, None, config, run_id, None, None)
             stage_results = evaluate_candidate(problem, reply.candidate_source, config, baseline, iteration)
         parent = rows[-1]["attempt_id"] if rows else None
         row = attempt_row(run_id, problem, config, iteration, reply, stage_results, baseline, parent)
+        if config.profile and row["outcome"] == "correct":
+            _profile(problem, reply.candidate_source, config, run_id, row["attempt_id"], iteration)
         if wants_soft_check(config, row):
             state = _model_task(soft_check_task, config, problem, iteration)(
                 problem, reply.candidate_source, config, run_id, return_state=True
@@ -96,3 +102,18 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
         if step.stop:
             break
     return rows
+
+
+def _profile(
+    problem: Problem, source: str | None, config: RunConfig, run_id: str, attempt_id: str | None, iteration: int | None
+) -> None:
+    """Profile a correct candidate (or, `source` None, the reference) into the `profiles` table:
+    advisory numbers for the agents, never a verdict or a time (tasks/profile.py)."""
+    model = "candidate" if source is not None else "reference"
+    name = run_name("profile" if source is not None else "profile-reference", problem, iteration)
+    profiled = profile_task.with_options(task_run_name=name)(problem, source, config, model)
+    if profiled.get("warning"):
+        get_run_logger().warning(profiled["warning"])
+    if profiled.get("outcome") != "correct":
+        get_run_logger().warning("%s: no profile (%s)", name, profiled.get("error_class"))
+    record_profile_task(profiled, run_id, problem.problem_id, attempt_id, config.results_dir)

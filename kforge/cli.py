@@ -171,6 +171,9 @@ def run(
     reuse_baselines: Annotated[
         bool | None, Opt(help="Reuse baselines timed by an earlier run on this host and toolchain (default: off).")
     ] = None,
+    profile: Annotated[
+        bool | None, Opt(help="Profile correct kernels and references into the profiles table (default: off).")
+    ] = None,
     model: Annotated[str | None, Opt(envvar="KFORGE_MODEL", help="Model name; without one, no model is used.")] = None,
     base_url: Annotated[
         str | None, Opt(envvar="KFORGE_BASE_URL", help="OpenAI-compatible endpoint (default: OpenAI).")
@@ -216,6 +219,7 @@ def run(
             "parallel_problems": parallel_problems,
             "torch_compile_baseline": torch_compile,
             "reuse_baselines": reuse_baselines,
+            "profile": profile,
             "reference_backend": reference_backend,
             "performance_agent": performance_agent,
             "soft_check": soft_check,

@@ -74,6 +74,11 @@ class RunConfig(BaseModel):
         description="Time the reference eagerly beside each candidate, call for call in alternating order, and "
         "take speedup_eager from that pair: both times come from the same machine state, busy or quiet",
     )
+    profile: bool = Field(
+        False,
+        description="Profile each correct candidate and each problem's reference (Nsight Compute where present, "
+        "torch.profiler otherwise) into the profiles table: advisory numbers for the agents",
+    )
     reuse_baselines: bool = Field(
         False,
         description="Reuse each problem's baseline stage (eager and torch.compile times, the trusted echo) from "

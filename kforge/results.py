@@ -293,7 +293,8 @@ def load(table: str = "attempts", results_dir: str | Path = "data/results") -> p
 
     Integer and bool columns use pandas' nullable dtypes. For ``runs`` only the latest row per run_id
     is kept (a 'finished' or 'failed' row replaces the 'running' row); for ``attempts`` the newest row
-    per attempt_id (a retried run that redid an attempt wrote a second one). An absent table gives an empty frame.
+    per attempt_id (a retried run that redid an attempt wrote a second one); for ``profiles`` every row. An absent
+    table gives an empty frame.
     """
     schema = _schema_for(table)
     arrow_table = _read_visible(Path(results_dir) / table, schema)
@@ -303,6 +304,8 @@ def load(table: str = "attempts", results_dir: str | Path = "data/results") -> p
     if table == "runs":
         return _latest_run_rows(frame)
     frame = frame.sort_values("created_at", kind="stable", na_position="first")
+    if table == "profiles":  # many rows per attempt, every one kept
+        return frame.reset_index(drop=True)
     # A retried run that redid an attempt (say the model endpoint was down the first time) wrote a newer row.
     return frame.drop_duplicates("attempt_id", keep="last").reset_index(drop=True)
 
@@ -399,3 +402,28 @@ def report_table(
             {"problems": int, "correct": int}
         )
     return pd.DataFrame(columns).reset_index()
+
+
+# --- profiles: the profile stage's metrics (tasks/profile.py), advisory, never a verdict or a time ---
+
+PROFILE_TOOLS = ("torch.profiler", "ncu")
+
+PROFILES_SCHEMA = _schema(
+    "profiles",
+    [
+        ("attempt_id", pa.string()),  # null for a profile of the problem's reference Model
+        ("run_id", pa.string()),
+        ("schema_version", pa.int16()),
+        ("problem_id", pa.string()),
+        ("kernel", pa.string()),  # an op, a kernel, or the model's forward (e.g. "ModelNew.forward")
+        ("instance", pa.string()),  # torch.profiler: the input shapes; ncu: the kernel launch's ID
+        ("section", pa.string()),  # torch.profiler: cpu_ops | cuda_kernels; ncu: its section name
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+        ("unit", pa.string()),
+        ("tool", pa.string()),  # one of PROFILE_TOOLS
+        ("tool_version", pa.string()),
+        ("created_at", _UTC_TIMESTAMP),
+    ],
+)
+SCHEMAS["profiles"] = PROFILES_SCHEMA

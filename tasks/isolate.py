@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LOG_TAIL_CHARS = 4000
+COLLECT_BYTES = 16 << 20  # of each file a result carries back from the control directory (`collect`)
 # Passed through to the worker; everything else (API keys, cloud credentials) stays behind.
 ENV_ALLOWED = (
     "PATH",
@@ -141,9 +143,12 @@ class _Worker:
         return Path(self.control.name)
 
 
-def _start_worker(argv: list[str], env: dict[str, str], stdin: int, request_json: str | None = None) -> _Worker:
+def _start_worker(
+    argv: list[str], env: dict[str, str], stdin: int, request_json: str | None = None, wrapper: Sequence[str] = ()
+) -> _Worker:
     """Start `python -m tasks.harness.worker ARGV` ({control} in ARGV names its control directory),
-    with `request_json` written there first if given."""
+    with `request_json` written there first if given, under `wrapper` (an argv prefix run inside
+    the sandbox: ncu, tasks/profile.py; {control} in it too)."""
     try:
         control = tempfile.TemporaryDirectory(prefix="kforge-ctl-", dir=scratch_root())
         work = tempfile.TemporaryDirectory(prefix="kforge-run-")
@@ -156,6 +161,7 @@ def _start_worker(argv: list[str], env: dict[str, str], stdin: int, request_json
         process = subprocess.Popen(
             [
                 *launcher,
+                *[a.replace("{control}", control.name) for a in wrapper],
                 sys.executable,
                 "-m",
                 "tasks.harness.worker",
@@ -189,10 +195,14 @@ def run_worker(
     kernel_cache: Path,
     threads: int | None = None,
     pool: WorkerPool | None = None,
+    wrapper: Sequence[str] = (),
+    collect: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run a one-result `request` (the compile mode, see tasks.harness.worker) in a process of its
-    own, started now or taken from `pool`; return the outcome dict, always with `outcome`, plus
-    `worker_s` (wall time from the request to the worker's end)."""
+    """Run a one-result `request` (the compile or profile mode, see tasks.harness.worker) in a
+    process of its own, started now or taken from `pool` (never under a `wrapper`, see
+    _start_worker); return the outcome dict, always with `outcome`, plus `worker_s` (wall time from
+    the request to the worker's end) and, with `collect`, "collected": the text of those files of
+    the control directory, by name (the ones the run left)."""
     if isinstance(request, dict):
         request = WorkerRequest(**request)
     kernel_cache.mkdir(parents=True, exist_ok=True)
@@ -203,18 +213,30 @@ def run_worker(
     request_json = replace(request, threads=threads, limits=limits_for_worker, nonce=nonce).to_json()
     with slots.device_slot(request.backend, request.mode):
         start = time.perf_counter()
-        if pool is not None:
+        waiting = pool is not None and not wrapper
+        if waiting:
             worker = pool.take(env, warm_device, refill_now=True)
             (worker.control_path / "request.json").write_text(request_json)
         else:
             argv = ["{control}/request.json", "{control}/result.json"]
-            worker = _start_worker(argv, env, subprocess.DEVNULL, request_json)
+            worker = _start_worker(argv, env, subprocess.DEVNULL, request_json, wrapper)
         try:
-            result = _run_request(worker, limits, start, waiting=pool is not None, nonce=nonce)
+            result = _run_request(worker, limits, start, waiting=waiting, nonce=nonce)
+            if collect:
+                result["collected"] = _collected(worker.control_path, collect)
         finally:
             worker.control.cleanup()
             worker.work.cleanup()
     return result
+
+
+def _collected(control: Path, names: Sequence[str]) -> dict[str, str]:
+    texts = {}
+    for name in names:
+        with contextlib.suppress(OSError):
+            with open(control / name, "rb") as handle:
+                texts[name] = handle.read(COLLECT_BYTES).decode(errors="replace")
+    return texts
 
 
 def _run_request(worker: _Worker, limits: Limits, start: float, waiting: bool, nonce: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The messages between the orchestrator and an evaluation worker, in one place (harness code only).
 
-A worker is started with a `WorkerRequest` (a JSON file). The compile mode answers with one result
-file. The `session` mode then holds a conversation over two pipes: the orchestrator sends one
+A worker is started with a `WorkerRequest` (a JSON file). The compile and profile modes answer
+with one result file. The `session` mode then holds a conversation over two pipes: the orchestrator sends one
 JSON line per step (`layout`, `call`, `echo`, `check`, `compile`, `end`) on the
 worker's stdin, and the
 worker answers each with one JSON line on the reply pipe. Everything a worker says is a claim: the
@@ -38,11 +38,12 @@ def failure(outcome: str, error_class: str, excerpt: str) -> dict[str, Any]:
 # What a session worker builds and runs: the candidate's ModelNew, or the trusted reference Model
 # (timed eagerly, then under torch.compile after a `compile` step).
 MODEL_KINDS = ("candidate", "reference")
+PROFILERS = ("torch", "ncu")
 
 
 @dataclass(frozen=True)
 class WorkerRequest:
-    mode: str  # compile | session
+    mode: str  # compile | session | profile
     problem_source: str
     candidate_source: str | None
     backend: str
@@ -51,8 +52,14 @@ class WorkerRequest:
     model: str = "candidate"  # session mode: one of MODEL_KINDS
     threads: int | None = None
     limits: dict[str, Any] = field(default_factory=dict)
-    nonce: str | None = None  # compile mode: the result must carry it
+    nonce: str | None = None  # compile and profile modes: the result must carry it
     hold: bool = False
+    # profile mode (tasks/harness/profiling.py): the inputs' seed, calls before the profiled one, rows
+    # kept per section, and which profiler: one of PROFILERS ("ncu": Nsight Compute wraps the worker)
+    input_seed: int = 0
+    warmup_calls: int = 3
+    max_rows: int = 200
+    profiler: str = "torch"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

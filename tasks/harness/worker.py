@@ -6,7 +6,9 @@ The request (tasks/harness/protocol.py) names a mode. `compile` imports the cand
 module-level code builds its kernels, constructs ModelNew and writes one result file. `session`
 builds the model (the candidate's ModelNew, or the trusted reference) and then answers the
 orchestrator's steps on stdin, one reply line each on the reply pipe (tasks/harness/session.py):
-the orchestrator makes the inputs, clocks the calls and judges the outputs. This module imports
+the orchestrator makes the inputs, clocks the calls and judges the outputs. `profile` builds the
+model as a session does, then profiles one call of it and writes one result file
+(tasks/harness/profiling.py; advisory, never a verdict or a time). This module imports
 torch and the harness only: nothing of Prefect, LLM clients or Parquet. The parent treats a missing
 or malformed result as a failure whatever the exit code.
 """
@@ -26,7 +28,7 @@ from typing import Any
 
 import torch
 
-from tasks.harness import extensions, guard, modules, sandbox, session
+from tasks.harness import extensions, guard, modules, profiling, sandbox, session
 from tasks.harness.cpu import CompileError
 from tasks.harness.protocol import WorkerRequest
 
@@ -101,12 +103,22 @@ def run_compile(request: WorkerRequest, workdir: Path) -> dict[str, Any]:
     return {"outcome": "correct", "compile_s": time.perf_counter() - start}
 
 
+def run_profile(request: WorkerRequest, workdir: Path) -> dict[str, Any]:
+    """Build the candidate's ModelNew or the reference Model as a session does, then profile one call."""
+    try:
+        device, model, _ = session._setup(request, workdir, _session_failure)
+    except session.Failure as failed:
+        raise Outcome(failed.outcome, failed.error_class, failed.excerpt) from None
+    problem = modules.load_module(request.problem_source, "profiled_problem", workdir, request.size_preset)
+    return _run_candidate_code("forward", profiling.profile_model, model, problem, device, request)
+
+
 def evaluate(request: WorkerRequest, workdir: Path) -> dict[str, Any]:
-    """The compile mode's result; candidate failures become outcomes, never exceptions."""
+    """The compile or profile mode's result; candidate failures become outcomes, never exceptions."""
     if request.threads:
         torch.set_num_threads(int(request.threads))
     try:
-        return run_compile(request, workdir)
+        return run_profile(request, workdir) if request.mode == "profile" else run_compile(request, workdir)
     except Outcome as outcome:
         return {"outcome": outcome.outcome, "error_class": outcome.error_class, "error_excerpt": outcome.excerpt}
 

@@ -288,3 +288,26 @@ def test_a_new_run_reuses_the_baselines_of_an_earlier_one_only_when_asked(prefec
     assert reused[("baseline", "Cached")] == 1 and reused[("baseline", "Completed")] == 0
     assert stage_states("baselines-fresh")[("baseline", "Completed")] == 1
     assert reused[("time", "Completed")] == 1  # the candidate is still timed afresh, beside its paired reference
+
+
+def test_a_profiled_run_lands_each_correct_kernel_and_the_reference_in_the_profiles_table(
+    prefect_server, tmp_path, config
+):
+    suite = tmp_path / "profiled"
+    suite.mkdir()
+    (suite / "1_gelu.py").write_text((SMOKE / "1_gelu.py").read_text() + "\n# profiled\n")
+    results_dir = tmp_path / "results"
+    run_config = config.model_copy(
+        update={"suite": str(suite), "results_dir": str(results_dir), "iterations": 0, "profile": True}
+    )
+    summary = run_suite(run_config)
+
+    assert summary["outcomes"] == {"correct": 1}
+    attempt = results.load("attempts", results_dir).iloc[0]
+    profiles = results.load("profiles", results_dir)
+    assert set(profiles["tool"]) == {"torch.profiler"} and set(profiles["problem_id"]) == {"1_gelu"}
+    candidate = profiles[profiles["attempt_id"] == attempt["attempt_id"]]
+    reference = profiles[profiles["attempt_id"].isna()]
+    assert len(candidate) and len(reference)
+    assert "aten::gelu" in set(reference["kernel"])  # the reference's own op, with its self time
+    assert (reference[reference["metric"] == "self_time_us"]["value"] >= 0).all()
