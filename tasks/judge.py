@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kforge.config import RunConfig
-from tasks import drive
+from tasks import drive, slots
 from tasks.harness import extensions
 from tasks.isolate import InfrastructureError, run_worker
 from tasks.pool import worker_pool
@@ -34,16 +34,22 @@ def evaluate_in_worker(
     if candidate_source and "load_inline" in candidate_source and os.environ.get("KFORGE_INLINE_BUILD") != "plain":
         extensions.prepare_header(Path(config.cache_dir) / "kernels")  # once per toolchain
     if mode in ("verify", "time", "baseline"):
-        if mode == "verify":
-            result = drive.verify(problem_source, candidate_source or "", config)
-        elif mode == "time":
-            result = drive.time_candidate(
-                problem_source, candidate_source or "", config, trusted_echo_ms, trusted_echo_cpu_ms
-            )
-        else:
-            result = drive.time_baselines(problem_source, config)
+
+        def stage() -> dict[str, Any]:
+            if mode == "verify":
+                return drive.verify(problem_source, candidate_source or "", config)
+            if mode == "time":
+                return drive.time_candidate(
+                    problem_source, candidate_source or "", config, trusted_echo_ms, trusted_echo_cpu_ms
+                )
+            return drive.time_baselines(problem_source, config)
+
+        result = stage()
+        if result.get("error_class") == drive.HARNESS_OUT_OF_MEMORY and not slots.holding_alone():
+            with slots.alone_on_host(config.backend):  # the other problems' stages hold memory too
+                result = stage()
         if result.get("error_class") == drive.HARNESS_OUT_OF_MEMORY:  # the stage's task retries it
-            raise InfrastructureError(result["error_excerpt"])
+            raise InfrastructureError(result["error_excerpt"] + " (also when retried alone on the host)")
         return result
     if mode != "compile":
         raise ValueError(f"no stage {mode!r}")

@@ -6,17 +6,22 @@ them is measured. On the cpu backend the cores are the device: a timing stage ru
 compiles and checks of other problems may overlap one another (one lock for every cpu stage would
 make parallel problems sequential again, and worker start-up and g++ are most of a problem's wall
 time).
+
+A stage that ran out of device memory is retried alone on the host (`alone_on_host`): every other
+stage of this process, compiles included (they build models on the GPU too), finishes first and new
+ones wait, so the retry meets only its own memory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 TIMING_MODES = ("time", "baseline")
 PAIRED_MODE = "paired"
-GPU_MODES = ("verify", "time", "baseline")  # every stage that runs on the device
+GPU_MODES = ("verify", "time", "baseline", "profile")  # every stage that runs on the device
 _gpu_slot = threading.Lock()
 
 
@@ -58,6 +63,24 @@ class SharedOrAlone:
 
 
 _cpu_cores = SharedOrAlone()
+_gpu_host = SharedOrAlone()  # every stage of a GPU backend shares it; a retry after running out of memory is alone
+_alone_here = threading.local()
+
+
+def holding_alone() -> bool:
+    """Whether this thread's stage has the host to itself (`alone_on_host`)."""
+    return getattr(_alone_here, "held", False)
+
+
+@contextlib.contextmanager
+def alone_on_host(backend: str) -> Iterator[None]:
+    """The host to this thread's stage alone: the other stages of this process end first, new ones wait."""
+    with (_cpu_cores if backend == "cpu" else _gpu_host).alone():
+        _alone_here.held = True
+        try:
+            yield
+        finally:
+            _alone_here.held = False
 
 
 def device_slot(backend: str, mode: str) -> Any:
@@ -66,5 +89,19 @@ def device_slot(backend: str, mode: str) -> Any:
     if mode == PAIRED_MODE:
         return contextlib.nullcontext()
     if backend == "cpu":
+        if holding_alone():
+            return contextlib.nullcontext()
         return _cpu_cores.alone() if mode in TIMING_MODES else _cpu_cores.shared()
-    return _gpu_slot if backend in ("cuda", "triton") and mode in GPU_MODES else contextlib.nullcontext()
+    if backend not in ("cuda", "triton"):
+        return contextlib.nullcontext()
+    return _gpu_stage(mode in GPU_MODES)
+
+
+@contextlib.contextmanager
+def _gpu_stage(on_device: bool) -> Iterator[None]:
+    with contextlib.ExitStack() as held:
+        if not holding_alone():
+            held.enter_context(_gpu_host.shared())
+        if on_device:
+            held.enter_context(_gpu_slot)
+        yield

@@ -81,5 +81,70 @@ def get_init_inputs():
 @pytest.mark.slow
 def test_running_out_of_memory_making_inputs_is_an_infrastructure_failure_not_a_broken_reference(config):
     """The stage's task retries an InfrastructureError (a broken reference would skip the problem)."""
-    with pytest.raises(InfrastructureError, match="ran out of device memory in the baseline stage"):
+    with pytest.raises(InfrastructureError, match="ran out of device memory in the baseline stage") as raised:
         evaluate_in_worker("baseline", OUT_OF_MEMORY_PROBLEM, None, config)
+    assert "also when retried alone on the host" in str(raised.value)
+
+
+OUT_OF_MEMORY_UNLESS_ALONE = OUT_OF_MEMORY_PROBLEM.replace(
+    """def get_inputs():
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")""",
+    """def get_inputs():
+    # made by the orchestrator: out of memory while other stages share the host, as when their models hold it
+    from tasks import slots
+
+    if not slots.holding_alone():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
+    return [torch.randn(64)]""",
+)
+
+
+@pytest.mark.slow
+def test_a_stage_that_ran_out_of_memory_is_retried_alone_on_the_host(config):
+    assert OUT_OF_MEMORY_UNLESS_ALONE != OUT_OF_MEMORY_PROBLEM
+    result = evaluate_in_worker("baseline", OUT_OF_MEMORY_UNLESS_ALONE, None, config)
+    assert result["outcome"] == "correct" and result["eager_ms"] > 0, result
+
+
+def test_alone_on_the_host_waits_for_every_stage_and_holds_new_ones_back():
+    """A GPU backend's compile stages share the host too; a stage retried alone waits for them,
+    a stage that starts meanwhile waits for it, and inside it the stage's own slots do not block."""
+    import threading
+    import time
+
+    from tasks import slots
+
+    order = []
+    compiling, release = threading.Event(), threading.Event()
+
+    def compile_stage():
+        with slots.device_slot("cuda", "compile"):
+            compiling.set()
+            release.wait(10)
+            order.append("compile ends")
+
+    def later_stage():
+        with slots.device_slot("cuda", "verify"):
+            order.append("later stage")
+
+    def retried_alone():
+        with slots.alone_on_host("cuda"):
+            order.append("alone starts")
+            with slots.device_slot("cuda", "time"):  # its own stage's slots, inside
+                time.sleep(0.2)
+            order.append("alone ends")
+
+    first = threading.Thread(target=compile_stage)
+    first.start()
+    compiling.wait(10)
+    alone = threading.Thread(target=retried_alone)
+    alone.start()
+    time.sleep(0.2)
+    later = threading.Thread(target=later_stage)
+    later.start()
+    time.sleep(0.2)
+    assert order == []  # the retry waits for the compile, the later stage for the retry
+    release.set()
+    for thread in (first, alone, later):
+        thread.join(10)
+    assert order == ["compile ends", "alone starts", "alone ends", "later stage"]
