@@ -219,7 +219,7 @@ def test_each_run_publishes_its_attempts_and_its_comparison_as_artifacts(prefect
     assert first["regressed"] is False and second["regressed"] in (True, False)
 
     def artifacts(kind: str) -> list:
-        # every field given: the pinned FastAPI refuses the nulls Prefect's client sends (issue 13)
+        # every field given, as a strict server wants them (FastAPI 0.151-0.154 refused the nulls; see pyproject)
         return client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key(run_config, kind)])),
             flow_run_filter=FlowRunFilter(),
