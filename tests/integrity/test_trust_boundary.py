@@ -146,6 +146,39 @@ def test_row17_a_thread_that_works_between_calls_is_caught(config):
     assert result["stage"] in ("verify", "time")  # verify watches every gap, but its few may add up to little
 
 
+def test_row17_slowing_the_paired_reference_between_calls_gains_nothing(config):
+    """Past verify's few calls, each call leaves a thread spinning for 20 ms after forward returns,
+    while the orchestrator times the paired reference beside it: the reference's eager time would
+    grow, and the speedup with it. The spin lands in the candidate's own CPU-time floor (its next
+    calls share the cores with it), or in `busy_between_calls`. Measured on this 2-core machine
+    under a stressed CI run: the pair's eager time went from 0.38 to 0.67 ms, the candidate's own
+    from 0.48 to 21.2 ms."""
+    spinning = kernel_candidate(
+        """
+y = torch.empty_like(x)
+lib.relu(x, y, x.numel())
+self.calls += 1
+if self.calls > 8:
+    import threading, time
+    def spin(until=time.perf_counter() + 0.02):
+        while time.perf_counter() < until:
+            pass
+    threading.Thread(target=spin, daemon=True).start()
+return y
+""",
+        init="    self.calls = 0",
+    )
+    many_calls = config.model_copy(update={"max_timed_runs": 30, "timing_budget_s": 1.0, "paired_reference": True})
+    honest = stages(RELU, kernel_candidate(RELU_BODY), many_calls)
+    result = stages(RELU, spinning, many_calls)
+    assert honest["outcome"] == "correct", honest
+    if result["outcome"] == "correct":
+        speedup = result["paired_eager_ms"] / result["runtime_ms"]
+        assert speedup < honest["paired_eager_ms"] / honest["runtime_ms"], (result, honest)
+    else:
+        assert (result["outcome"], result["error_class"]) == ("integrity_violation", "busy_between_calls"), result
+
+
 def test_row17_its_honest_twin_with_an_idle_thread_is_correct(config):
     idle = kernel_candidate(
         RELU_BODY,
