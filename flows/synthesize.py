@@ -11,6 +11,20 @@ from tasks.analyze import analyze_task, failed_analysis, wants_analysis, with_an
 from tasks.compile import compile_task
 from tasks.generate import GenerationRequest, backoff_delays, failed_generation, generate_task
 from tasks.measure import baseline_task, time_task
+from tasks.optimize import (
+    as_rollout_row,
+    best_correct,
+    device_name,
+    distil_metrics,
+    extract_state_task,
+    kb_dir_of,
+    kb_update_task,
+    load_kb_task,
+    plan_rollouts,
+    profile_of,
+    replay_entry,
+    rollout_request,
+)
 from tasks.policy import after_attempt, broken_reference
 from tasks.problems import Problem
 from tasks.profile import profile_task, record_profile_task
@@ -101,6 +115,8 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
         previous_source, feedback, recommendation = step.previous_source, step.feedback, step.recommendation
         if step.stop:
             break
+    if config.optimize == "kb":
+        rows += _optimize(problem, config, run_id, rows, baseline)
     return rows
 
 
@@ -117,3 +133,64 @@ def _profile(
     if profiled.get("outcome") != "correct":
         get_run_logger().warning("%s: no profile (%s)", name, profiled.get("error_class"))
     record_profile_task(profiled, run_id, problem.problem_id, attempt_id, config.results_dir)
+
+
+def _optimize(
+    problem: Problem, config: RunConfig, run_id: str, rows: list[dict[str, Any]], baseline: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The knowledge-base loop (tasks/optimize.py): `config.depth` steps, each drawing `config.rollouts`
+    techniques for the best kernel's state, trying each as a rollout and updating the KB from the gains."""
+    logger = get_run_logger()
+    parent = best_correct(rows)
+    if parent is None:
+        logger.info("%s: no correct kernel, no knowledge-base optimization", problem.problem_id)
+        return []
+    kb = load_kb_task(str(kb_dir_of(config)), run_id, problem.problem_id)
+    logger.info("%s: knowledge base v%d at the start (%s)", problem.problem_id, kb.kb_version, kb_dir_of(config))
+    first_version, children = kb.kb_version, []
+    for step in range(config.depth):
+        iteration = rows[-1]["iteration"] + 1 + step
+        metrics = distil_metrics(parent, profile_of(config.results_dir, parent["attempt_id"]))
+        choice = _model_task(extract_state_task, config, problem, iteration)(
+            metrics, kb, config, run_id, problem.problem_id
+        )
+        plan = plan_rollouts(kb, choice.state, config, run_id, problem.problem_id, step)
+        logger.info("%s: %s; rollouts: %s", problem.problem_id, choice.how, ", ".join(t for t, _ in plan))
+        replay = []
+        for rollout, (technique, recommendation) in enumerate(plan, start=1):
+            labels = (rollout, choice.state, technique, kb.kb_version)
+            rollout_row = _rollout(problem, config, run_id, baseline, parent, iteration, labels, recommendation)
+            children.append(record_attempt_task(rollout_row, config.results_dir))
+            replay.append(replay_entry(parent, rollout_row, choice.state, technique, device_name(config.backend)))
+        update = _model_task(kb_update_task, config, problem, iteration)
+        saved = update(kb, replay, config, run_id, problem.problem_id, step)
+        for note in saved.notes:
+            logger.info("%s: %s", problem.problem_id, note)
+        kb, parent = saved.kb, best_correct([parent, *children])
+    logger.info("%s: knowledge base v%d -> v%d", problem.problem_id, first_version, kb.kb_version)
+    return children
+
+
+def _rollout(
+    problem: Problem,
+    config: RunConfig,
+    run_id: str,
+    baseline: dict[str, Any],
+    parent: dict[str, Any],
+    iteration: int,
+    labels: tuple[int, str, str, int],
+    recommendation: dict[str, str],
+) -> dict[str, Any]:
+    """One technique applied to the parent kernel, generated, evaluated (and profiled when asked); its row,
+    labelled (rollout, state, technique, KB version) by `as_rollout_row`, not yet recorded."""
+    request = rollout_request(problem, config, parent, iteration, recommendation)
+    state = _model_task(generate_task, config, problem, iteration)(request, config, run_id, return_state=True)
+    reply = state.result() if state.is_completed() else failed_generation(state.result(False), config)
+    stage_results = {}
+    if reply.candidate_source:
+        stage_results = evaluate_candidate(problem, reply.candidate_source, config, baseline, iteration)
+    row = attempt_row(run_id, problem, config, iteration, reply, stage_results, baseline, parent["attempt_id"])
+    row = as_rollout_row(row, problem, parent, *labels)
+    if config.profile and row["outcome"] == "correct":
+        _profile(problem, reply.candidate_source, config, run_id, row["attempt_id"], iteration)
+    return row

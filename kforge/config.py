@@ -85,6 +85,19 @@ class RunConfig(BaseModel):
         "an earlier run on the same host, device and toolchain, as a nightly rerun of a suite would; off: every "
         "run times its baselines again",
     )
+    optimize: Literal["none", "kb"] = Field(
+        "none",
+        description="After a problem's loop ends with a correct kernel: 'kb' runs the knowledge-base loop "
+        "(state, weighted choice of techniques, one rollout each, measured gain updates the KB, tasks/optimize.py)",
+    )
+    rollouts: int = Field(2, ge=1, description="Techniques tried per knowledge-base step (breadth)")
+    depth: int = Field(1, ge=0, description="Knowledge-base steps per problem, each from the best kernel so far")
+    kb_dir: str | None = Field(
+        None, description="Directory of the versioned knowledge base (kb-v<N>.json); default <cache_dir>/knowledge"
+    )
+    kb_temperature: float = Field(
+        1.0, gt=0, description="Selection temperature: p ~ gain^(1/T); lower is greedier, never plain argmax"
+    )
     threads: int | None = Field(None, description="CPU threads per worker (default: all cores)")
     compile_timeout_s: float = Field(300.0, gt=0)
     run_timeout_s: float = Field(120.0, gt=0, description="Wall-time limit of a verify or timing worker")

@@ -304,7 +304,7 @@ def load(table: str = "attempts", results_dir: str | Path = "data/results") -> p
     if table == "runs":
         return _latest_run_rows(frame)
     frame = frame.sort_values("created_at", kind="stable", na_position="first")
-    if table == "profiles":  # many rows per attempt, every one kept
+    if table in ("profiles", "kb_updates"):  # many rows per attempt (or none), every one kept
         return frame.reset_index(drop=True)
     # A retried run that redid an attempt (say the model endpoint was down the first time) wrote a newer row.
     return frame.drop_duplicates("attempt_id", keep="last").reset_index(drop=True)
@@ -427,3 +427,24 @@ PROFILES_SCHEMA = _schema(
     ],
 )
 SCHEMAS["profiles"] = PROFILES_SCHEMA
+
+
+# --- kb_updates: what each knowledge-base update changed and why (tasks/knowledge.py, tasks/optimize.py) ---
+
+KB_UPDATES_SCHEMA = _schema(
+    "kb_updates",
+    [
+        ("kb_version", pa.int32()),  # the version the update produced (data/knowledge or <cache_dir>/knowledge)
+        ("run_id", pa.string()),
+        ("schema_version", pa.int16()),
+        ("problem_id", pa.string()),  # the problem whose rollouts were measured
+        ("state", pa.string()),
+        ("technique", pa.string()),
+        ("expected_gain", pa.float64()),  # after the update
+        ("measured_gain", pa.float64()),  # mean over the correct rollouts; null when none was correct
+        ("rationale", pa.string()),
+        ("attempt_ids", pa.list_(pa.string())),  # the rollouts' attempts
+        ("created_at", _UTC_TIMESTAMP),
+    ],
+)
+SCHEMAS["kb_updates"] = KB_UPDATES_SCHEMA

@@ -22,6 +22,7 @@ import pytest
 from kforge import results
 from kforge.results import (
     ATTEMPTS_SCHEMA,
+    KB_UPDATES_SCHEMA,
     PROFILES_SCHEMA,
     RUNS_SCHEMA,
     SCHEMA_VERSION,
@@ -107,7 +108,12 @@ def visible_files(results_dir: Path) -> list[Path]:
 
 
 def test_schemas_carry_version_metadata():
-    assert results.SCHEMAS == {"attempts": ATTEMPTS_SCHEMA, "runs": RUNS_SCHEMA, "profiles": PROFILES_SCHEMA}
+    assert results.SCHEMAS == {
+        "attempts": ATTEMPTS_SCHEMA,
+        "runs": RUNS_SCHEMA,
+        "profiles": PROFILES_SCHEMA,
+        "kb_updates": KB_UPDATES_SCHEMA,
+    }
     for schema in (ATTEMPTS_SCHEMA, RUNS_SCHEMA):
         assert schema.metadata[b"kforge.schema_version"] == str(SCHEMA_VERSION).encode()
     assert ATTEMPTS_SCHEMA.field("level").type == pa.int16()

@@ -1,0 +1,396 @@
+"""Knowledge-base optimization (KernelBlaster's loop), run after a problem's iterations end with a correct kernel.
+
+One step, from the best correct kernel so far (the parent):
+1. `distil_metrics`: the parent's row (and its `profiles` rows, when profiled) as the metric names the
+   knowledge base's rules use (data/knowledge/seed.json);
+2. `extract_state_task`: the rules name the state; when they cannot, the model does (when one is set),
+   else the most general state of the knowledge base, and the reason says so;
+3. `plan_rollouts`: `knowledge.select` draws `config.rollouts` techniques, seeded by run, problem and step
+   so a retried run draws the same ones; each becomes a recommendation in agent G's shape;
+4. the flow generates, evaluates and records one rollout attempt per technique (`as_rollout_row`);
+5. `kb_update_task`: the replay buffer updates the knowledge base (numeric, plus textual with a model),
+   saves the new version in `kb_dir` and appends the update's rows to the `kb_updates` table.
+
+What the seed's rules need and where it comes from: dram_throughput_pct, sm_throughput_pct and
+achieved_occupancy_pct from Nsight Compute's SpeedOfLight and Occupancy sections; launch_overhead_pct from
+torch.profiler's CUDA kernel times against the measured runtime. tensor_pipe_pct, sectors_per_request and
+dram_bytes_ratio are not collected yet. On the CPU backend none of them exists, so no rule matches there.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import random
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from kforge.config import RunConfig
+from kforge.results import append_rows, load
+from tasks import knowledge
+from tasks.caching import content_key
+from tasks.generate import GenerationRequest, retry_on_endpoint
+from tasks.knowledge import KbUpdate, KnowledgeBase, Rollout
+from tasks.llm import EndpointError, chat
+from tasks.problems import Problem
+from tasks.prompts import templates_digest
+from tasks.record import attempt_id, feedback_from_row
+
+# Nsight Compute "details" metric names -> the knowledge base's metric names (all percentages).
+NCU_METRICS = {
+    "DRAM Throughput": "dram_throughput_pct",
+    "Compute (SM) Throughput": "sm_throughput_pct",
+    "Achieved Occupancy": "achieved_occupancy_pct",
+}
+DURATION_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+SAVE_TRIES = 5  # another problem may save the same version first: update the newer one instead
+
+
+@dataclass(frozen=True)
+class StateChoice:
+    state: str
+    how: str  # one line for the log: rules, model or fallback, and why
+
+
+@dataclass(frozen=True)
+class KbStep:
+    kb: KnowledgeBase  # the version saved by this step
+    path: str
+    updates: tuple[KbUpdate, ...]
+    notes: tuple[str, ...]  # textual-update entries left unchanged, and why
+
+
+def kb_dir_of(config: RunConfig) -> Path:
+    """Where the run's knowledge-base versions live: `kb_dir`, else <cache_dir>/knowledge."""
+    return Path(config.kb_dir) if config.kb_dir else Path(config.cache_dir) / "knowledge"
+
+
+def best_correct(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The correct row with the shortest runtime (None when no row is correct and timed)."""
+    timed = [r for r in rows if r["outcome"] == "correct" and (r.get("runtime_ms") or 0) > 0]
+    return min(timed, key=lambda r: r["runtime_ms"]) if timed else None
+
+
+# ---------------------------------------------------------------- 1. metrics
+
+
+def profile_of(results_dir: str, attempt: str) -> list[dict[str, Any]]:
+    """The `profiles` rows of one attempt (none when it was not profiled)."""
+    profiles = load("profiles", results_dir)
+    return profiles[profiles["attempt_id"] == attempt].to_dict("records")
+
+
+def distil_metrics(row: dict[str, Any], profile_rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The metrics the state rules read, from what the attempt's row and profile have; a metric that was not
+    measured is left out (a rule on it then never holds)."""
+    metrics = {
+        name: float(row[column])
+        for name, column in (("runtime_ms", "runtime_ms"), ("speedup_eager", "speedup_eager"))
+        if row.get(column) is not None
+    }
+    if row.get("roofline_fraction") is not None:
+        metrics["roofline_pct"] = 100.0 * float(row["roofline_fraction"])
+    ncu_rows = [r for r in profile_rows if r.get("tool") == "ncu"]
+    metrics |= _ncu_metrics(ncu_rows) if ncu_rows else _torch_metrics(profile_rows, row.get("runtime_ms"))
+    return metrics
+
+
+def _ncu_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each NCU_METRICS value averaged over the kernel launches, weighted by their durations."""
+    durations = {
+        r["instance"]: float(r["value"]) * DURATION_US[r["unit"]]
+        for r in rows
+        if r["metric"] == "Duration" and r.get("unit") in DURATION_US
+    }
+    metrics = {"kernel_launches": float(len({r["instance"] for r in rows}))}
+    for ncu_name, name in NCU_METRICS.items():
+        values = [(float(r["value"]), durations.get(r["instance"], 1.0)) for r in rows if r["metric"] == ncu_name]
+        weight = sum(w for _, w in values)
+        if values and weight > 0:
+            metrics[name] = sum(v * w for v, w in values) / weight
+    return metrics
+
+
+def _torch_metrics(rows: list[dict[str, Any]], runtime_ms: float | None) -> dict[str, float]:
+    """Launch and op counts from torch.profiler; on a GPU the share of the runtime no kernel ran in."""
+    calls = [r for r in rows if r.get("metric") == "calls"]
+    if not calls:
+        return {}
+    kernels = [r for r in calls if r.get("section") == "cuda_kernels"]
+    metrics = {"cpu_op_calls": sum(float(r["value"]) for r in calls if r.get("section") == "cpu_ops")}
+    if kernels:
+        metrics["kernel_launches"] = sum(float(r["value"]) for r in kernels)
+        busy_us = sum(
+            float(r["value"]) for r in rows if r.get("section") == "cuda_kernels" and r["metric"] == "self_time_us"
+        )
+        if runtime_ms:
+            metrics["launch_overhead_pct"] = max(0.0, 100.0 * (1.0 - busy_us / 1e3 / runtime_ms))
+    return metrics
+
+
+# ---------------------------------------------------------------- 2. state
+
+
+def fallback_state(kb: KnowledgeBase) -> str:
+    """The most general state (fewest rules; the first of those in the document)."""
+    return min(kb.states, key=lambda s: len(s.rules)).name
+
+
+def choose_state(metrics: dict[str, float], kb: KnowledgeBase, config: RunConfig) -> StateChoice:
+    """The rules' state; else the model's (when a model is set and it names a known state); else the fallback.
+    Raises EndpointUnavailable (retryable)."""
+    state, confidence = knowledge.extract_state(metrics, kb)
+    if state is not None:
+        return StateChoice(state, f"state {state} from the rules (confidence {confidence:.2f})")
+    unsure = "no rule matched" if confidence == 0 else "the rules tied"
+    measured = ", ".join(sorted(metrics)) or "none"
+    if config.llm.model:
+        try:
+            reply = chat(config.llm, knowledge.state_prompt(metrics, kb), config.cache_dir)
+            parsed, why_not = knowledge.parse_state_reply(reply.text)
+        except EndpointError as exc:
+            parsed, why_not = None, str(exc)
+        if parsed is not None and kb.state(parsed.state) is not None:
+            return StateChoice(parsed.state, f"state {parsed.state} from the model ({unsure}): {parsed.reason}")
+        why_not = why_not or f"the model named {parsed.state!r}, which is not in the knowledge base"
+        unsure = f"{unsure} and the model gave none ({why_not})"
+    else:
+        unsure = f"{unsure} and no model is set to ask"
+    fallback = fallback_state(kb)
+    return StateChoice(fallback, f"state {fallback} as the fallback: {unsure}; metrics measured: {measured}")
+
+
+def _state_key(_context: Any, parameters: dict[str, Any]) -> str:
+    config: RunConfig = parameters["config"]
+    return content_key(
+        "kb-state",
+        parameters["metrics"],
+        knowledge.to_document(parameters["kb"]),
+        config.llm.model_dump(include={"model", "temperature", "max_tokens"}),
+        templates_digest(),
+        parameters["run_id"],  # a retry of the run replays the answer; a new run asks again
+    )
+
+
+@task(
+    name="kb-state",
+    task_run_name="kb-state {problem_id}",
+    cache_key_fn=_state_key,
+    persist_result=True,
+    retry_condition_fn=retry_on_endpoint,
+)
+def extract_state_task(
+    metrics: dict[str, float], kb: KnowledgeBase, config: RunConfig, run_id: str, problem_id: str
+) -> StateChoice:
+    return choose_state(metrics, kb, config)
+
+
+# ---------------------------------------------------------------- 3. selection
+
+
+def selection_rng(run_id: str, problem_id: str, step: int) -> random.Random:
+    """A generator seeded by run, problem and step: a retried run draws the same techniques."""
+    return random.Random(int(hashlib.sha256(f"{run_id}/{problem_id}/{step}".encode()).hexdigest()[:16], 16))
+
+
+def recommendation_for(kb: KnowledgeBase, state: str, technique: str) -> dict[str, str]:
+    """A technique as agent G's recommendation (bottleneck, recommendation, expected_effect), which the
+    generation prompt shows beside the parent kernel."""
+    entry = kb.state(state)
+    optimization = entry.optimization(technique)
+    gain = optimization.expected_gain or knowledge.UNTRIED_PRIOR_GAIN
+    return {
+        "bottleneck": f"{state}: {entry.primary_bottleneck}",
+        "recommendation": f"{technique}: {optimization.description}",
+        "expected_effect": f"{gain:.3g}x (knowledge base v{kb.kb_version}, {optimization.attempts} earlier attempts)",
+    }
+
+
+def plan_rollouts(
+    kb: KnowledgeBase, state: str, config: RunConfig, run_id: str, problem_id: str, step: int
+) -> list[tuple[str, dict[str, str]]]:
+    """(technique, recommendation) for each rollout of the step, by weighted random choice."""
+    rng = selection_rng(run_id, problem_id, step)
+    techniques = knowledge.select(kb, state, config.rollouts, config.kb_temperature, rng)
+    return [(t, recommendation_for(kb, state, t)) for t in techniques]
+
+
+# ---------------------------------------------------------------- 4. rollouts
+
+
+def rollout_request(
+    problem: Problem, config: RunConfig, parent: dict[str, Any], iteration: int, recommendation: dict[str, str]
+) -> GenerationRequest:
+    """A refinement of the parent kernel that applies one technique."""
+    return GenerationRequest(
+        problem,
+        config.backend,
+        iteration,
+        parent["candidate_source"],
+        feedback_from_row(parent),
+        recommendation,
+        config.reference_backend,
+    )
+
+
+def as_rollout_row(
+    row: dict[str, Any],
+    problem: Problem,
+    parent: dict[str, Any],
+    rollout: int,
+    state: str,
+    technique: str,
+    kb_version: int,
+) -> dict[str, Any]:
+    """The attempt row of rollout `rollout` (1-based: the iteration loop's rows are rollout 0), with its own
+    attempt id, its parent, and the state, technique and KB version in agent_config (no schema change)."""
+    agent_config = {**json.loads(row["agent_config"]), "kb_state": state, "kb_technique": technique}
+    agent_config["kb_version"] = kb_version
+    return {
+        **row,
+        "attempt_id": attempt_id(row["run_id"], problem, row["iteration"], rollout),
+        "rollout": rollout,
+        "parent_attempt": parent["attempt_id"],
+        "agent_config": json.dumps(agent_config, sort_keys=True),
+    }
+
+
+# ---------------------------------------------------------------- 5. update
+
+
+def measured_gain(parent: dict[str, Any], child: dict[str, Any]) -> float | None:
+    """Parent time / child time for a correct child, else None."""
+    if child["outcome"] != "correct" or not child.get("runtime_ms") or not parent.get("runtime_ms"):
+        return None
+    return parent["runtime_ms"] / child["runtime_ms"]
+
+
+@functools.lru_cache(maxsize=2)
+def device_name(backend: str) -> str:
+    """The GPU's name for the KB's per-GPU record (nvidia-smi), "cpu" on the CPU backend."""
+    if backend == "cpu" or not shutil.which("nvidia-smi"):
+        return "cpu" if backend == "cpu" else backend
+    try:
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        names = subprocess.run(query, capture_output=True, text=True, timeout=20, check=True).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return backend
+    return names[0].strip() if names else backend
+
+
+def replay_entry(parent: dict[str, Any], child: dict[str, Any], state: str, technique: str, gpu: str) -> Rollout:
+    """The replay-buffer entry of one rollout; notes tell the gap analysis what happened."""
+    gain = measured_gain(parent, child)
+    if gain is not None:
+        notes = f"{child['runtime_ms']:.4g} ms against the parent's {parent['runtime_ms']:.4g} ms"
+    else:
+        notes = f"{child['outcome']} ({child.get('error_class') or '-'}): {(child.get('error_excerpt') or '')[-300:]}"
+    return Rollout(child["attempt_id"], state, technique, gain, gpu, notes)
+
+
+def _with_descriptions(kb: KnowledgeBase, described: KnowledgeBase) -> KnowledgeBase:
+    """`kb` with the descriptions of `described` (the textual update's rewrites; the numbers stay kb's)."""
+    states = []
+    for state in kb.states:
+        other = described.state(state.name)
+        optimizations = tuple(
+            replace(o, description=other.optimization(o.technique).description)
+            if other and other.optimization(o.technique)
+            else o
+            for o in state.optimizations
+        )
+        states.append(replace(state, optimizations=optimizations))
+    return replace(kb, states=tuple(states))
+
+
+def updated_kb(
+    base: KnowledgeBase, replay: list[Rollout], config: RunConfig
+) -> tuple[KnowledgeBase, list[KbUpdate], list[str]]:
+    """One new version from `base`: the numeric update, and with a model the textual one (its gap analysis
+    reads the expectations the rollouts were drawn with), both under kb_version + 1."""
+    numeric, updates = knowledge.numeric_update(base, replay)
+    if not config.llm.model or not updates:
+        return numeric, updates, []
+    try:
+        described, rewrites, notes = knowledge.textual_update(
+            base, replay, lambda messages: chat(config.llm, messages, config.cache_dir).text
+        )
+    except EndpointError as exc:
+        return numeric, updates, [f"textual update skipped: {exc}"]
+    rewrites = [replace(u, kb_version=numeric.kb_version) for u in rewrites]
+    return _with_descriptions(numeric, described), updates + rewrites, notes
+
+
+def save_update(kb: KnowledgeBase, replay: list[Rollout], config: RunConfig) -> KbStep:
+    """Update the newest saved version (another problem may have saved one since `kb` was loaded) and save
+    the result; on a race for the same version number, update the winner's version instead."""
+    kb_dir = kb_dir_of(config)
+    if not replay:
+        return KbStep(kb, str(knowledge.version_path(kb_dir, kb.kb_version)), (), ())
+    for _ in range(SAVE_TRIES):
+        latest = knowledge.load_latest(kb_dir)
+        base = latest if latest.kb_version >= kb.kb_version else kb
+        new_kb, updates, notes = updated_kb(base, replay, config)
+        try:
+            path = knowledge.save_version(new_kb, kb_dir)
+        except FileExistsError:
+            time.sleep(0.1)
+            continue
+        return KbStep(new_kb, str(path), tuple(updates), tuple(notes))
+    raise RuntimeError(f"{kb_dir}: could not save a new knowledge-base version in {SAVE_TRIES} tries")
+
+
+def kb_update_rows(step: KbStep, run_id: str, problem_id: str) -> list[dict[str, Any]]:
+    """The `kb_updates` rows of one saved step."""
+    created_at = datetime.now(timezone.utc)
+    return [{**u.row(), "run_id": run_id, "problem_id": problem_id, "created_at": created_at} for u in step.updates]
+
+
+def _update_key(_context: Any, parameters: dict[str, Any]) -> str:
+    config: RunConfig = parameters["config"]
+    return content_key(
+        "kb-update",
+        parameters["run_id"],
+        parameters["problem_id"],
+        parameters["step"],
+        [asdict(r) for r in parameters["replay"]],
+        str(kb_dir_of(config)),
+        config.llm.model_dump(include={"model", "temperature", "max_tokens"}),
+        templates_digest(),
+    )
+
+
+@task(
+    name="kb-update",
+    task_run_name="kb-update {problem_id} step {step}",
+    cache_key_fn=_update_key,
+    persist_result=True,  # a retried run does not save a second version for the same rollouts
+    retry_condition_fn=retry_on_endpoint,
+)
+def kb_update_task(
+    kb: KnowledgeBase, replay: list[Rollout], config: RunConfig, run_id: str, problem_id: str, step: int
+) -> KbStep:
+    """Save the updated knowledge base and append its rows to `kb_updates`; the saved step."""
+    saved = save_update(kb, replay, config)
+    if rows := kb_update_rows(saved, run_id, problem_id):
+        append_rows(config.results_dir, "kb_updates", rows, run_id=run_id)
+    return saved
+
+
+def _start_key(_context: Any, parameters: dict[str, Any]) -> str:
+    return content_key("kb-start", parameters["run_id"], parameters["problem_id"], str(parameters["kb_dir"]))
+
+
+@task(name="kb-load", task_run_name="kb-load {problem_id}", cache_key_fn=_start_key, persist_result=True)
+def load_kb_task(kb_dir: str, run_id: str, problem_id: str) -> KnowledgeBase:
+    """The newest version when the problem's optimization starts; cached per run and problem, so a retried run
+    draws from the version the first try drew from, and replays its rollouts instead of redoing them."""
+    return knowledge.load_latest(kb_dir)
