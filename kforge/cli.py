@@ -174,6 +174,15 @@ def run(
     profile: Annotated[
         bool | None, Opt(help="Profile correct kernels and references into the profiles table (default: off).")
     ] = None,
+    optimize: Annotated[
+        str | None, Opt(help="After a correct kernel: none | kb (knowledge-base rollouts) (default: none).")
+    ] = None,
+    rollouts: Annotated[int | None, Opt(help="Techniques tried per knowledge-base step (default: 2).")] = None,
+    depth: Annotated[int | None, Opt(help="Knowledge-base steps per problem (default: 1).")] = None,
+    knowledge_base: Annotated[
+        str | None, Opt(help="Folder of the versioned knowledge base (default: <cache>/knowledge).")
+    ] = None,
+    kb_temperature: Annotated[float | None, Opt(help="Technique selection temperature, > 0 (default: 1.0).")] = None,
     model: Annotated[str | None, Opt(envvar="KFORGE_MODEL", help="Model name; without one, no model is used.")] = None,
     base_url: Annotated[
         str | None, Opt(envvar="KFORGE_BASE_URL", help="OpenAI-compatible endpoint (default: OpenAI).")
@@ -220,6 +229,11 @@ def run(
             "torch_compile_baseline": torch_compile,
             "reuse_baselines": reuse_baselines,
             "profile": profile,
+            "optimize": optimize,
+            "rollouts": rollouts,
+            "depth": depth,
+            "kb_dir": str(Path(knowledge_base).expanduser()) if knowledge_base else None,
+            "kb_temperature": kb_temperature,
             "reference_backend": reference_backend,
             "performance_agent": performance_agent,
             "soft_check": soft_check,
