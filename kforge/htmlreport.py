@@ -104,11 +104,11 @@ def _run_attempts(results_dir: Path, run_id: str | None) -> tuple[str, pd.DataFr
 
 
 def _fast_p_curves(attempts: pd.DataFrame, baseline: str) -> dict[str, tuple[float, ...]]:
-    by_p = [results.fast_p(attempts, p, by=GROUP_BY, baseline=baseline) for p in FAST_P_POINTS]
+    by_p = results.fast_p_curve(attempts, FAST_P_POINTS, by=GROUP_BY, baseline=baseline)
     # Every Series has the same groups in the same order; by position, since a label lookup with a null key misses.
     curves = {group_label(key): tuple(float(s.iloc[i]) for s in by_p) for i, key in enumerate(by_p[0].index)}
     if len(curves) > 1:
-        curves["all problems"] = tuple(float(results.fast_p(attempts, p, baseline=baseline)) for p in FAST_P_POINTS)
+        curves["all problems"] = tuple(map(float, results.fast_p_curve(attempts, FAST_P_POINTS, baseline=baseline)))
     return curves
 
 

@@ -366,9 +366,16 @@ def fast_p(df: pd.DataFrame, p: float, by: Sequence[str] | None = None, baseline
 
     ``p = 0`` is the correctness rate. Returns a float, or with ``by`` a Series indexed by the groups.
     """
+    return fast_p_curve(df, [p], by, baseline)[0]
+
+
+def fast_p_curve(
+    df: pd.DataFrame, ps: Sequence[float], by: Sequence[str] | None = None, baseline: str = "eager"
+) -> list[float | pd.Series]:
+    """``fast_p`` at each of ``ps``, the best attempt per problem taken once for all of them."""
     by = list(by or [])
-    speedup_col = _speedup_column(baseline)
-    return _fast_p_of(best_per_problem(df, by, baseline), p, by, speedup_col)
+    best, speedup_col = best_per_problem(df, by, baseline), _speedup_column(baseline)
+    return [_fast_p_of(best, p, by, speedup_col) for p in ps]
 
 
 def geomean_speedup(df: pd.DataFrame, by: Sequence[str] | None = None, baseline: str = "eager") -> float | pd.Series:
