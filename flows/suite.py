@@ -11,7 +11,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import as_completed, wait
+from prefect.futures import as_completed
 from prefect.runtime import flow_run
 from prefect.states import Completed, State
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -103,7 +103,6 @@ def run_suite(config: RunConfig) -> dict[str, Any] | State:
             if progress is not None:
                 state = future.state
                 progress.problem_done(problem_of[future].problem_id, state.result() if state.is_completed() else [])
-        wait(futures)
     states = [future.state for future in futures]
 
     outcomes: Counter[str] = Counter()

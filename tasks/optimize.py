@@ -23,8 +23,6 @@ import functools
 import hashlib
 import json
 import random
-import shutil
-import subprocess
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
@@ -275,15 +273,12 @@ def measured_gain(parent: dict[str, Any], child: dict[str, Any]) -> float | None
 
 @functools.lru_cache(maxsize=2)
 def device_name(backend: str) -> str:
-    """The GPU's name for the KB's per-GPU record (nvidia-smi), "cpu" on the CPU backend."""
-    if backend == "cpu" or not shutil.which("nvidia-smi"):
-        return "cpu" if backend == "cpu" else backend
-    try:
-        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
-        names = subprocess.run(query, capture_output=True, text=True, timeout=20, check=True).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return backend
-    return names[0].strip() if names else backend
+    """The GPU's name for the KB's per-GPU record, as torch in this process sees it; "cpu" on the CPU backend."""
+    if backend == "cpu":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else backend
 
 
 def replay_entry(parent: dict[str, Any], child: dict[str, Any], state: str, technique: str, gpu: str) -> Rollout:
