@@ -612,16 +612,16 @@ def wheelhouse(
         Path | None,
         typer.Option(
             "--host-has",
-            help="The GPU host's `pip list --format freeze`: its packages are left out (a smaller folder to carry).",
+            help="The GPU host's `pip list --format freeze`: its packages in a version kforge's requirements accept are left out (a smaller folder to carry).",
         ),
     ] = None,
 ) -> None:
     """Download the wheels kforge needs, except torch, for a GPU host without internet
     (there: bash scripts/install.sh --wheelhouse DIR)."""
-    from kforge.wheelhouse import WheelhouseError, build_wheelhouse, host_packages, leave_out
+    from kforge.wheelhouse import WheelhouseError, build_wheelhouse, host_packages, leave_out, target_environment
 
     try:
-        installed = host_packages(host_has.read_text()) if host_has else set()
+        installed = host_packages(host_has.read_text()) if host_has else {}
     except (OSError, UnicodeDecodeError) as exc:
         _fail(f"--host-has {host_has}: cannot read it ({exc}); give the output of `pip list --format freeze` there")
     try:
@@ -632,7 +632,9 @@ def wheelhouse(
     for note in built.notes:
         typer.secho(note, fg=typer.colors.YELLOW, err=True)
     if installed:
-        dropped = leave_out(built.dest, installed, keep=["kforge"])
+        top = [line for line in built.requirements_file.read_text().splitlines() if line and not line.startswith("#")]
+        environment = target_environment(built.python_version, built.platforms[0])
+        dropped = leave_out(built.dest, installed, keep=["kforge"], top=top, environment=environment)
         built.wheels = sorted(built.dest.glob("*.whl"))
         size_mb = sum(w.stat().st_size for w in built.dest.glob("*.whl")) / 1e6
         typer.echo(f"left out {len(dropped)} wheels the host has; {size_mb:.0f} MB to carry")

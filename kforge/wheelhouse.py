@@ -15,18 +15,22 @@ understands the part of TOML these requirement lists use (tables, strings, array
 from __future__ import annotations
 
 import ast
+import email.parser
 import platform as host_platform
 import re
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 try:
     from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion, Version
 except ImportError:  # pip always carries a copy
     from pip._vendor.packaging.requirements import InvalidRequirement, Requirement  # type: ignore[no-redef]
+    from pip._vendor.packaging.version import InvalidVersion, Version  # type: ignore[no-redef]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS_FILE = "kforge-requirements.txt"
@@ -250,25 +254,90 @@ def _pip(args: Sequence[str], what: str) -> None:
         raise WheelhouseError(f"{what} failed: {last}")
 
 
-def host_packages(text: str) -> set[str]:
-    """Normalized names from `pip list --format freeze` (or `pip freeze`, or one name per line) of a host."""
-    names = set()
+def host_packages(text: str) -> dict[str, str | None]:
+    """Normalized name -> version from `pip list --format freeze` (or `pip freeze`) of a host; None where a
+    line gives no version (a bare name, `name @ URL`)."""
+    found: dict[str, str | None] = {}
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
-        if line and not line.startswith("-"):
-            names.add(_name(re.split(r"[=<>!~ @;\[]", line, maxsplit=1)[0]))
-    return names
+        match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:===?\s*([^\s;]+))?", line)
+        if match and not line.startswith("-"):
+            found[_name(match.group(1))] = match.group(2)
+    return found
 
 
-def leave_out(dest: Path, installed: set[str], keep: Sequence[str] = ()) -> list[Path]:
-    """Delete the wheels in `dest` of packages the GPU host already has (`installed`), except `keep`
-    (kforge's own wheel); returns what was left out. The host's versions are used as they are: pip
-    says so at install time if one does not satisfy kforge's requirements."""
+def _wheel_parts(wheel: Path) -> tuple[str, str]:
+    name, version = wheel.name.split("-")[:2]
+    return _name(name), version
+
+
+def _wheel_requires(wheel: Path) -> list[str]:
+    """The Requires-Dist lines of a wheel's METADATA."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1]
+        if not metadata:
+            return []
+        message = email.parser.BytesParser().parsebytes(archive.read(metadata[0]), headersonly=True)
+    return list(message.get_all("Requires-Dist") or [])
+
+
+def _applies(requirement: Requirement, environment: dict[str, str], extras: set[str]) -> bool:
+    if requirement.marker is None:
+        return True
+    return any(requirement.marker.evaluate({**environment, "extra": extra}) for extra in extras | {""})
+
+
+def requirements_on(dest: Path, top: Sequence[str], environment: dict[str, str]) -> dict[str, list[Requirement]]:
+    """Every requirement on each package, from `top` (kforge's) and from the Requires-Dist of the wheels in
+    `dest` that the install reaches (each wheel with the extras asked of it), markers judged for the target."""
+    wheels = {_wheel_parts(w)[0]: w for w in dest.glob("*.whl")}
+    on: dict[str, list[Requirement]] = {}
+    extras_of: dict[str, set[str]] = {}
+    queue = [Requirement(text) for text in top]
+    while queue:
+        requirement = queue.pop()
+        name = _name(str(requirement))
+        on.setdefault(name, []).append(requirement)
+        new_extras = set(requirement.extras) - extras_of.get(name, set())
+        if name in extras_of and not new_extras:
+            continue
+        extras_of[name] = extras_of.get(name, set()) | set(requirement.extras)
+        if name in wheels:
+            for text in _wheel_requires(wheels[name]):
+                child = Requirement(text)
+                if _applies(child, environment, extras_of[name]):
+                    queue.append(child)
+    return on
+
+
+def leave_out(
+    dest: Path,
+    installed: dict[str, str | None],
+    keep: Sequence[str] = (),
+    top: Sequence[str] = (),
+    environment: dict[str, str] | None = None,
+) -> list[Path]:
+    """Delete the wheels in `dest` of packages the GPU host already has (`installed`) in a version that every
+    requirement on that package accepts (kforge's `top` ones and those of the wheels here); keep `keep`
+    (kforge's own wheel) and any package whose host version is unknown or refused: the host's certifi
+    2026.7 stays beside a wheelhouse certifi when langchain-core wants >=2026.10. Returns what was left out."""
+    environment = environment or target_environment(f"{sys.version_info[0]}.{sys.version_info[1]}", "linux_x86_64")
+    on = requirements_on(dest, top, environment)
     kept = {_name(name) for name in keep}
     dropped = []
     for wheel in sorted(dest.glob("*.whl")):
-        name = _name(wheel.name.split("-")[0])
-        if name in installed and name not in kept:
+        name, wheel_version = _wheel_parts(wheel)
+        host_version = installed.get(name)
+        if name in kept or host_version is None:
+            continue
+        try:
+            version = Version(host_version)
+        except InvalidVersion:
+            continue
+        accepted = host_version == wheel_version or all(
+            r.specifier.contains(version, prereleases=True) for r in on.get(name, [])
+        )
+        if accepted:
             wheel.unlink()
             dropped.append(wheel)
     return dropped

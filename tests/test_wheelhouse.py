@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 
 from kforge import wheelhouse
 from kforge.cli import app
-from kforge.wheelhouse import host_packages, leave_out
+from kforge.wheelhouse import host_packages, leave_out, target_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,19 +180,41 @@ def test_install_script_without_torch_says_so_in_one_line(tmp_path):
     assert result.stderr.startswith(f"error: no torch in {tmp_path / 'venv'}: ") and result.stderr.count("\n") == 1
 
 
-def test_wheels_of_packages_the_gpu_host_has_are_left_out(tmp_path):
-    freeze = (
-        "numpy==2.5.2\nPandas==3.0.0\ntyping_extensions==4.15.0\n# a comment\n-e git+https://x/y\npyarrow @ file:///w\n"
+def fake_wheel(folder: Path, name: str, version: str, requires: list[str] = ()) -> Path:
+    """A wheel holding only its METADATA (what leave_out reads)."""
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"{name}-{version}.dist-info/METADATA", metadata)
+    return path
+
+
+def test_wheels_of_packages_the_gpu_host_has_in_an_accepted_version_are_left_out(tmp_path):
+    freeze = "numpy==2.5.2\nPandas==3.0.0\ncertifi==2026.7.22\npackaging==26.3\nh2==2.0.0\nprefect\n"
+    freeze += "# a comment\n-e git+https://x/y\npyarrow @ file:///w\nkforge==0.0.1\n"
+    fake_wheel(tmp_path, "pandas", "3.1.1", ["numpy>=2", 'pytz; python_version < "3.0"'])
+    fake_wheel(tmp_path, "numpy", "2.5.5")
+    fake_wheel(tmp_path, "langchain_core", "1.2.0", ["certifi>=2026.10.19", "packaging<27"])
+    fake_wheel(tmp_path, "certifi", "2026.11.1")
+    fake_wheel(tmp_path, "packaging", "26.4")
+    fake_wheel(tmp_path, "httpx", "0.28.1", ['h2<5,>=3; extra == "http2"'])
+    fake_wheel(tmp_path, "h2", "4.3.0")
+    fake_wheel(tmp_path, "pyarrow", "26.0.1")
+    fake_wheel(tmp_path, "prefect", "3.8.8", ["httpx[http2]>=0.23"])
+    fake_wheel(tmp_path, "kforge", "0.1.0")
+
+    installed = host_packages(freeze)
+    top = ["pandas>=3", "langchain-core", "prefect==3.8.8", "pyarrow>=15"]
+    dropped = leave_out(
+        tmp_path, installed, keep=["kforge"], top=top, environment=target_environment("3.12", "manylinux_2_28_x86_64")
     )
-    names = ["numpy-2.5.5-cp312-cp312-manylinux_2_28_x86_64.whl", "pandas-3.1.1-cp312-cp312-manylinux_2_28_x86_64.whl"]
-    names += ["typing_extensions-4.15.0-py3-none-any.whl", "pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl"]
-    names += ["prefect-3.8.8-py3-none-any.whl", "kforge-0.1.0-py3-none-any.whl"]
-    for name in names:
-        (tmp_path / name).write_bytes(b"")
 
-    installed = host_packages(freeze + "kforge==0.0.1\n")
-    dropped = leave_out(tmp_path, installed, keep=["kforge"])
-
-    assert installed == {"numpy", "pandas", "typing-extensions", "pyarrow", "kforge"}
-    assert sorted(p.name.split("-")[0] for p in dropped) == ["numpy", "pandas", "pyarrow", "typing_extensions"]
-    assert sorted(p.name for p in tmp_path.glob("*.whl")) == [names[5], names[4]]
+    assert installed["pandas"] == "3.0.0" and installed["pyarrow"] is None and installed["prefect"] is None
+    assert "comment" not in str(installed) and len(installed) == 8
+    # numpy, pandas and packaging: the host's versions fit every requirement on them.
+    assert sorted(p.name.split("-")[0] for p in dropped) == ["numpy", "packaging", "pandas"]
+    # certifi: langchain-core wants a newer one; h2: httpx[http2] (asked by prefect) wants >=3; pyarrow and
+    # prefect: the host's version is not known; kforge: its own.
+    left = sorted(p.name.split("-")[0] for p in tmp_path.glob("*.whl"))
+    assert left == ["certifi", "h2", "httpx", "kforge", "langchain_core", "prefect", "pyarrow"]
