@@ -612,7 +612,8 @@ def wheelhouse(
         Path | None,
         typer.Option(
             "--host-has",
-            help="The GPU host's `pip list --format freeze`: its packages in a version kforge's requirements accept are left out (a smaller folder to carry).",
+            help="The GPU host's `pip list --format freeze`: its packages in versions every requirement accepts "
+            "are left out (a smaller folder to carry).",
         ),
     ] = None,
 ) -> None:

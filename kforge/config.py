@@ -101,6 +101,12 @@ class RunConfig(BaseModel):
     threads: int | None = Field(None, description="CPU threads per worker (default: all cores)")
     compile_timeout_s: float = Field(300.0, gt=0)
     run_timeout_s: float = Field(120.0, gt=0, description="Wall-time limit of a verify or timing worker")
+    profile_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="Wall-time limit of a profile worker under ncu (its replays are slow); past it, and for the "
+        "rest of the run, torch.profiler",
+    )
     memory_limit_mb: int | None = Field(
         8192,
         description="Memory limit per worker: its address space on the cpu backend; on GPU backends, where "

@@ -7,11 +7,16 @@ So a worker cannot know a call's inputs before the call starts, and cannot make 
 than the orchestrator saw it take (INTEGRITY.md rows 12, 14, 15, 17):
 
 - The worker's claimed time (CUDA events on the GPU, its own clock on the cpu) is the precise one
-  and is kept only where the orchestrator's observation bears it out: the median claim must be at
-  least the median of what the orchestrator saw the calls take less the round trip of an empty
-  call (`echo`: every step of a call but the model; the median of empty calls between the timed
-  ones, never more than the trusted baseline worker's). Otherwise the observed times are the
-  result, so a forged claim gains nothing on the median.
+  and is kept only where the orchestrator's observation bears it out. With a paired reference (the
+  default), call by call: a candidate's floor (what the orchestrator saw the call take; on the cpu
+  also the worker's CPU time) may exceed the reference's, timed back to back on the same inputs,
+  by no more than its claim exceeds the reference's claim, beyond the pairs' own noise
+  (`paired_source`), so load that slows both calls of a pair refutes nothing; a floor whose median
+  is more than twice the claims' refutes them in any case. Unpaired: the median claim must be at
+  least the median of the observed times less the round trip of an empty call (`echo`: every step
+  of a call but the model; never more than the trusted baseline worker's). Refuted claims give way
+  to that floor for the candidate and its pair alike, so a forged claim gains nothing on the median,
+  and the baselines are compared in the same kind of time (tasks/measure.py).
 - Verify judges every call's output. Timing judges a sample drawn by the orchestrator as the calls
   go (reservoir sampling, so no call knows whether it will be judged) and always the last call; a
   wrong output there is `integrity_violation`/`timed_output`. The number of calls varies. On a GPU
@@ -57,6 +62,17 @@ CPU_FLUSH_BYTES = 64 << 20
 INPUTS_AHEAD_BYTES = 256 << 20
 EXITED_MIN_MS = 40.0  # clock ticks are 10 ms: below this, the two counters differ by their rounding
 WATCHED_GAP_SHARE = 3  # one gap between calls in this many, at random, has the worker's CPU time read
+# A paired candidate's claims stand unless, pair by pair, its floor exceeds the reference's by more
+# than its claim exceeds the reference's claim, beyond this many standard errors of the median
+# excess (from the pairs' own spread, so a busy host widens it) plus a fixed part: what a short
+# kernel's host-side launch differs by from torch's (ctypes, Python) is not a forged claim.
+PAIRED_Z = 4.0
+PAIRED_SLACK_MS = 0.02
+PAIRED_SLACK_SHARE = 0.05
+# ... and, whatever the pairs' spread, a floor whose median is more than this many times the claims'
+# (plus GROSS_SLACK_MS) refutes them: few pairs on a noisy host cannot hide a claim of nothing.
+GROSS_FACTOR = 2.0
+GROSS_SLACK_MS = 0.1
 
 
 class Stop(Exception):
@@ -687,6 +703,48 @@ def summarize(
     }
 
 
+def paired_source(
+    calls: list[Call],
+    reference_calls: list[Call],
+    threads: int = 1,
+    echo_ms: float | None = None,
+    echo_cpu_ms: float | None = None,
+) -> str:
+    """ "claimed" where the candidate's claims are borne out against its paired reference, else the
+    floor ("observed", or "cpu" where that is further off) that refutes them.
+
+    Call i of each ran with the same inputs, back to back (ABBA). For each pair and floor, the excess
+    is how much more the candidate's floor exceeds the reference's than its claim exceeds the
+    reference's claim: about zero for an honest candidate however slow the host is (load moves
+    both calls of a pair alike, the echo cancels), the forged part of its claim otherwise. The
+    claims are refuted when the median excess is beyond PAIRED_Z standard errors (from the excesses'
+    own spread) plus a slack for host-side launch differences, or where a floor's median (less the
+    empty call's `echo_ms` / `echo_cpu_ms`) is more than GROSS_FACTOR times the claims' (a backstop for
+    few, noisy pairs)."""
+    pairs = list(zip(calls, reference_calls))
+    floors = {"observed": lambda c: c.observed_ms}
+    offsets = {"observed": echo_ms}
+    if all(c.cpu_ms is not None for pair in pairs for c in pair):
+        floors["cpu"] = lambda c: c.cpu_ms / threads
+        offsets["cpu"] = None if echo_cpu_ms is None else echo_cpu_ms / threads
+    reference_claim = statistics.median(r.claimed_ms for _, r in pairs)
+    claim = statistics.median(c.claimed_ms for c, _ in pairs)
+    slack = PAIRED_SLACK_MS + PAIRED_SLACK_SHARE * reference_claim
+    beyond: dict[str, float] = {}
+    for name, floor in floors.items():
+        excess = [(floor(c) - floor(r)) - (c.claimed_ms - r.claimed_ms) for c, r in pairs]
+        middle = statistics.median(excess)
+        spread = statistics.median(abs(e - middle) for e in excess) * 1.4826  # a robust standard deviation
+        standard_error = 1.2533 * spread / max(1, len(excess)) ** 0.5  # of a median
+        over = middle - (PAIRED_Z * standard_error + slack)
+        if offsets[name] is not None:
+            floor_median = statistics.median(max(0.0, floor(c) - offsets[name]) for c, _ in pairs)
+            over = max(over, floor_median - (GROSS_FACTOR * claim + GROSS_SLACK_MS))
+        if over > 0:
+            beyond[name] = over
+    return max(beyond, key=beyond.get) if beyond else "claimed"
+
+
 def _echo_cpu_ms(echoes: list[Call]) -> float | None:
     used = [echo.cpu_ms for echo in echoes if echo.cpu_ms is not None]
     return statistics.median(used) if used else None
@@ -732,10 +790,12 @@ def time_candidate(
         from tasks.harness.checks import compare_outputs
 
         timed, echoes, sample, reference_timed, reference_echoes = _timed_calls(session, config, True, partner)
-        # a candidate can slow its own empty calls, never the trusted reference's
-        trusted_echoes = [trusted_echo_ms] if trusted_echo_ms is not None else []
-        if reference_echoes:
-            trusted_echoes.append(_echo_ms(reference_echoes))
+        # A candidate can slow its own empty calls, never the trusted reference's: with a paired
+        # reference, its empty calls (made beside the candidate's, under the same load); otherwise the
+        # baseline stage's (another moment: on a host whose load changes, a floor biased upwards).
+        trusted_echoes = [_echo_ms(reference_echoes)] if reference_echoes else []
+        if trusted_echo_ms is not None and not reference_echoes:
+            trusted_echoes.append(trusted_echo_ms)
         echo_ms = min([_echo_ms(echoes), *trusted_echoes])
         _check_idle(session)
         _check_harness(session)
@@ -751,16 +811,15 @@ def time_candidate(
                 excerpt = f"the output of timed call {index} is wrong: {mismatch.report}"
                 raise _failure("integrity_violation", "timed_output", excerpt)
         echo_cpu_ms = _echo_cpu_ms(echoes)
-        if echo_cpu_ms is not None and trusted_echo_cpu_ms is not None:
-            echo_cpu_ms = min(echo_cpu_ms, trusted_echo_cpu_ms)
+        trusted_cpu = _echo_cpu_ms(reference_echoes) if reference_echoes else trusted_echo_cpu_ms
+        if echo_cpu_ms is not None and trusted_cpu is not None:
+            echo_cpu_ms = min(echo_cpu_ms, trusted_cpu)
         summary = summarize(timed, echo_ms, echo_cpu_ms, session.threads)
         paired = {}
         if reference_timed:  # the same floors for both: an identical model gets an identical time
-            reference_echo_cpu_ms = _echo_cpu_ms(reference_echoes)
-            if echo_cpu_ms is not None and reference_echo_cpu_ms is not None:
-                echo_cpu_ms = min(echo_cpu_ms, reference_echo_cpu_ms)
-                summary = summarize(timed, echo_ms, echo_cpu_ms, session.threads)
-            reference = summarize(reference_timed, echo_ms, echo_cpu_ms, session.threads, summary["timing_source"])
+            source = paired_source(timed, reference_timed, session.threads, echo_ms, echo_cpu_ms)
+            summary = summarize(timed, echo_ms, echo_cpu_ms, session.threads, source)
+            reference = summarize(reference_timed, echo_ms, echo_cpu_ms, session.threads, source)
             paired = {
                 "paired_eager_ms": reference["median_ms"],
                 "paired_eager_p10_ms": reference["p10_ms"],
@@ -856,12 +915,15 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
     def body(session: Session) -> dict[str, Any]:
         timed, echoes, _, _, _ = _timed_calls(session, eager_config, judge=False)
         echo_ms = _echo_ms(echoes)
-        eager = summarize(timed, echo_ms, _echo_cpu_ms(echoes), session.threads)
+        # Trusted code: its claims stand; the floors are kept for a candidate timed by one of them.
+        eager = summarize(timed, echo_ms, _echo_cpu_ms(echoes), session.threads, "claimed")
         result: dict[str, Any] = {
             "outcome": "correct",
             "eager_ms": eager["median_ms"],
             "eager_p10_ms": eager["p10_ms"],
             "eager_p90_ms": eager["p90_ms"],
+            "eager_observed_ms": eager["observed_ms"],
+            "eager_cpu_ms": eager["cpu_ms"],
             "compile_ms": None,
             "torch_compile_error": None,
             "echo_ms": echo_ms,
@@ -873,8 +935,10 @@ def time_baselines(problem_source: str, config: RunConfig) -> dict[str, Any]:
                 result["torch_compile_error"] = str(reply.get("error_excerpt"))[-4000:]
             else:
                 timed, echoes, _, _, _ = _timed_calls(session, config, judge=False)
-                summary = summarize(timed, _echo_ms(echoes), _echo_cpu_ms(echoes), session.threads)
+                summary = summarize(timed, _echo_ms(echoes), _echo_cpu_ms(echoes), session.threads, "claimed")
                 result["compile_ms"] = summary["median_ms"]
+                result["compile_observed_ms"] = summary["observed_ms"]
+                result["compile_cpu_ms"] = summary["cpu_ms"]
         return result
 
     calls = _expected_calls(config) * (2 if config.torch_compile_baseline else 1)

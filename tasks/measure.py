@@ -53,12 +53,23 @@ def time_baselines(problem: Problem, config: RunConfig) -> dict[str, Any]:
     return evaluate_in_worker("baseline", problem.source, None, config)
 
 
+FIGURE = {"claimed": "", "observed": "_observed", "cpu": "_cpu"}  # a baseline's figure by timing_source
+
+
+def baseline_figure(baseline: dict[str, Any], name: str, timing_source: str | None) -> float | None:
+    """The baseline's `name` ("eager" or "compile") time of the same kind as a candidate's
+    (`timing_source`): its claims where the candidate's claims stood, else the same floor."""
+    return baseline.get(f"{name}{FIGURE.get(timing_source or 'claimed', '')}_ms")
+
+
 def eager_time(timing: dict[str, Any], baseline: dict[str, Any]) -> tuple[float | None, str | None]:
     """The eager reference time a candidate is compared with, and where it comes from: the lower of
-    `paired` (timed beside the candidate's calls) and the `baseline` stage's. The candidate is alive
-    while its pair is timed, and GPU work it leaves running after a reply would slow the pair; it
-    can never gain more than the baseline stage, timed with no candidate alive, allows."""
-    paired_ms, baseline_ms = timing.get("paired_eager_ms"), baseline.get("eager_ms")
+    `paired` (timed beside the candidate's calls) and the `baseline` stage's, of the same kind of time
+    as the candidate's. The candidate is alive while its pair is timed, and GPU work it leaves
+    running after a reply would slow the pair; it can never gain more than the baseline stage, timed
+    with no candidate alive, allows."""
+    paired_ms = timing.get("paired_eager_ms")
+    baseline_ms = baseline_figure(baseline, "eager", timing.get("timing_source"))
     if paired_ms and (not baseline_ms or paired_ms <= baseline_ms):
         return paired_ms, "paired"
     return baseline_ms, "baseline" if baseline_ms else None
@@ -67,7 +78,8 @@ def eager_time(timing: dict[str, Any], baseline: dict[str, Any]) -> tuple[float 
 def speedups(timing: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float | None]:
     """Reference time / candidate time against eager (see `eager_time`), torch.compile and the faster."""
     runtime_ms = timing.get("runtime_ms")
-    eager_ms, compile_ms = eager_time(timing, baseline)[0], baseline.get("compile_ms")
+    eager_ms = eager_time(timing, baseline)[0]
+    compile_ms = baseline_figure(baseline, "compile", timing.get("timing_source"))
     if not runtime_ms:
         return {"speedup_eager": None, "speedup_compile": None, "speedup_best": None}
     best_ms = min(ms for ms in (eager_ms, compile_ms) if ms) if (eager_ms or compile_ms) else None
@@ -95,7 +107,7 @@ def _baseline_key(_context: Any, parameters: dict[str, Any]) -> str:
     settings = _timing_settings(config)
     if config.reuse_baselines:
         settings = [s for s in settings if s != config.seeds("time", 1)] + [_host_fingerprint()]
-    return content_key("baseline", problem.source_hash, config.torch_compile_baseline, *settings)
+    return content_key("baseline-v2", problem.source_hash, config.torch_compile_baseline, *settings)
 
 
 @functools.lru_cache(maxsize=1)

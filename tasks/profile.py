@@ -37,7 +37,10 @@ from tasks.trusted import new_seed
 
 MAX_ROWS = 200  # per section (cpu_ops, cuda_kernels), by self time
 NCU_LAUNCHES = 20  # kernels ncu profiles in the call: each is replayed once per pass of its sections
-NCU_SLOWDOWN = 10  # ncu's replays make a worker's wall and CPU time this many times longer, at most
+NCU_SLOWDOWN = 10  # ncu's replays make a worker's CPU time this many times longer, at most
+# Why ncu gave nothing in this process, by ncu path: a timeout or refusal is not retried on every
+# problem (a 9-problem smoke run on an H200 once waited on a candidate's ncu worker for minutes).
+_ncu_given_up: dict[str, str] = {}
 TORCH_METRICS = (("self_time_us", "us"), ("total_time_us", "us"), ("calls", ""))
 _log = logging.getLogger(__name__)
 
@@ -57,10 +60,14 @@ def profile_in_worker(
     limits = drive._limits("compile", config)  # its import and construction as the compile stage's
     ncu_path = ncu.find_ncu(config.backend)
     warning = None
-    if ncu_path is not None:
+    if ncu_path is not None and ncu_path in _ncu_given_up:
+        warning = f"{_ncu_given_up[ncu_path]} (earlier in this run)"
+    elif ncu_path is not None:
         profiled, warning = _under_ncu(ncu_path, request, limits, config)
         if profiled is not None:
             return profiled
+        if "timeout" in warning or warning == ncu.REFUSED:
+            _ncu_given_up[ncu_path] = warning
         _log.warning("kforge: %s; profiling with torch.profiler instead", warning)
     profiled = run_worker(request, limits, _kernel_cache(config), config.threads, _pool(config))
     return {**profiled, "warning": warning} if warning else profiled
@@ -70,7 +77,7 @@ def _under_ncu(
     ncu_path: str, request: WorkerRequest, limits: Limits, config: RunConfig
 ) -> tuple[dict[str, Any] | None, str | None]:
     """(the profile, None) from a worker run under ncu, or (None, why not) in one line."""
-    slow = replace(limits, wall_s=limits.wall_s * NCU_SLOWDOWN, cpu_s=limits.cpu_s * NCU_SLOWDOWN)
+    slow = replace(limits, wall_s=config.profile_timeout_s, cpu_s=limits.cpu_s * NCU_SLOWDOWN)
     report_name = "ncu-report.csv"  # in the worker's control directory, read back by run_worker
     wrapper = ncu.command(ncu_path, Path("{control}") / report_name, NCU_LAUNCHES)
     result = run_worker(

@@ -27,7 +27,7 @@ from tasks.caching import source_hash, toolchain_fingerprint
 from tasks.generate import GenerationReply
 from tasks.harness.cpu import toolchain_version
 from tasks.harness.cuda import nvcc_version
-from tasks.measure import eager_time, speedups
+from tasks.measure import baseline_figure, eager_time, speedups
 from tasks.problems import Problem
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def attempt_row(
         "runtime_p90_ms": timing.get("runtime_p90_ms"),
         "eager_ms": eager_time(timing, baseline)[0],
         "eager_source": eager_time(timing, baseline)[1],
-        "compile_ms": baseline.get("compile_ms"),
+        "compile_ms": baseline_figure(baseline, "compile", timing.get("timing_source")),
         **speedups(timing, baseline),
         "atol": verify.get("atol"),
         "rtol": verify.get("rtol"),

@@ -254,6 +254,41 @@ def test_timing_keeps_claims_the_observation_bears_out():
     assert by_cpu["timing_source"] == "cpu" and by_cpu["median_ms"] == pytest.approx(1.0)
 
 
+def pairs_of(n: int, claimed: float, true_ms: float, jitter_ms: float, seed: int = 7) -> tuple[list, list]:
+    """n ABBA pairs, candidate and reference: the reference's claim is its true time; both calls of a
+    pair see their own round trip of 0.7 ms plus host jitter of up to `jitter_ms`."""
+    import random
+
+    rng = random.Random(seed)
+    candidate, reference = [], []
+    for _ in range(n):
+        candidate.append(drive.Call(0, claimed, 0.7 + true_ms + rng.uniform(0, jitter_ms), None, []))
+        reference.append(drive.Call(0, 0.05, 0.7 + 0.05 + rng.uniform(0, jitter_ms), None, []))
+    return candidate, reference
+
+
+def test_paired_claims_stand_on_a_busy_host_and_fall_when_forged():
+    # An identity kernel of 50 us on a host whose round trips jitter by up to 0.5 ms: its claims stand,
+    # where the unpaired rule (floor = observed less the median echo) gives up to 10x its true time.
+    honest, reference = pairs_of(60, claimed=0.05, true_ms=0.05, jitter_ms=0.5)
+    assert drive.paired_source(honest, reference) == "claimed"
+    # The same kernel claiming 5 us (a forged clock) against 50 us of work on a quiet host: refuted.
+    forged, reference = pairs_of(60, claimed=0.005, true_ms=0.05, jitter_ms=0.01)
+    assert drive.paired_source(forged, reference) == "observed"
+    # A kernel of 1 ms claiming 0.1 ms on the busy host: the forgery is far beyond the pairs' spread.
+    forged, reference = pairs_of(60, claimed=0.1, true_ms=1.0, jitter_ms=0.5)
+    assert drive.paired_source(forged, reference) == "observed"
+    # Five pairs on a very noisy host claiming nothing for 0.7 ms of work: too few for the pairs' test,
+    # not for the backstop (the floor's median, less the empty call's 0.7 ms, against twice the claims).
+    few, reference = pairs_of(5, claimed=0.001, true_ms=0.7, jitter_ms=3.0, seed=3)
+    assert drive.paired_source(few, reference, echo_ms=0.7) == "observed"
+    # CPU time that refutes a claim the wall clock cannot (a delayed, busy worker): "cpu".
+    for call, ref in zip(forged, reference):
+        call.cpu_ms, ref.cpu_ms = 4.0, 0.1
+        call.observed_ms = ref.observed_ms + (call.claimed_ms - ref.claimed_ms)  # the wall floor agrees
+    assert drive.paired_source(forged, reference) == "cpu"
+
+
 @pytest.fixture
 def busy_cores():
     """Every core busy with a spinning process for the test (at most 10 minutes)."""

@@ -1,11 +1,16 @@
 """The profile stage: torch.profiler in a real isolated worker on the smoke ReLU problem, ncu's CSV
 report parsed from a checked-in sample, and the rows through the `profiles` results table.
 
-tests/data/ncu_details_sample.csv is hand-written, not captured on a device: it imitates the output
-of `ncu --csv --page details --log-file FILE` (Nsight Compute 2023-2024): ncu's own `==PROF==`
+tests/data/ncu_details_sample.csv is hand-written: it imitates the output of `ncu --csv --page
+details --log-file FILE` (Nsight Compute 2023-2024): ncu's own `==PROF==`
 lines, then one quoted CSV line per (kernel launch, metric) with the columns "ID", "Process ID",
 "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size", "Grid Size",
 "Device", "CC", "Section Name", "Metric Name", "Metric Unit", "Metric Value".
+tests/data/ncu_details_h200.csv was captured: Nsight Compute 2025.3.1.0 on an NVIDIA H200 (driver
+580, CUDA 13, torch 2.11), kforge's own command line (`tasks.ncu.command(ncu, FILE, 10)`: the six
+sections, --clock-control none, --profile-from-start off) around a Python program that runs
+torch.relu, torch.softmax and a 1024x4096 @ 4096x256 matmul between cudaProfilerStart and Stop
+(.devrun-style scratch script, not in the repository); 2025.3 adds rule columns after "Metric Value".
 """
 
 from pathlib import Path
@@ -142,3 +147,32 @@ def test_ncu_command_profiles_only_the_marked_call():
         assert f"--section {section}" in joined
     assert "--profile-from-start off" in joined and "--launch-count 20" in joined and "--clock-control none" in joined
     assert argv[-2:] == ["--log-file", "/ctl/report.csv"] and "--target-processes all" in joined
+
+
+def test_ncu_report_captured_on_an_h200_parses_per_launch():
+    report = (DATA / "ncu_details_h200.csv").read_text()
+    assert ncu.refusal(report) is None
+    rows, truncated = ncu.parse_details(report, max_launches=20)
+    kernels = {row["instance"]: row["kernel"] for row in rows}
+    assert not truncated and sorted(kernels) == ["0", "1", "2", "3"]
+    assert "elementwise" in kernels["0"] and "SoftMax" in kernels["1"] and "sgemm" in kernels["2"]
+    by = {(row["instance"], row["section"], row["metric"]): row for row in rows}
+    duration = by[("0", "GPU Speed Of Light Throughput", "Duration")]
+    assert (duration["value"], duration["unit"]) == (9696.0, "ns")
+    assert by[("0", "GPU Speed Of Light Throughput", "DRAM Throughput")]["value"] == 37.44
+    assert by[("0", "Occupancy", "Achieved Occupancy")]["value"] == 70.04
+    assert len(rows) == 228  # 57 numeric metrics per launch; rule lines and text values are not metrics
+    # only the first launches when capped
+    capped, truncated = ncu.parse_details(report, max_launches=2)
+    assert truncated and {row["instance"] for row in capped} == {"0", "1"}
+
+
+def test_ncu_that_times_out_is_given_up_for_the_rest_of_the_run(config, monkeypatch):
+    monkeypatch.setattr(profile, "_ncu_given_up", {})
+    monkeypatch.setattr(profile.ncu, "find_ncu", lambda backend: str(DATA / "fake_ncu_hangs.sh"))
+    quick = config.model_copy(update={"profile_timeout_s": 2.0})
+    first = profile.profile_in_worker(PROBLEM_SOURCE, CANDIDATE_SOURCE, quick)
+    assert first["outcome"] == "correct" and first["tool"] == "torch.profiler"
+    assert "timeout" in first["warning"] and "earlier in this run" not in first["warning"]
+    second = profile.profile_in_worker(PROBLEM_SOURCE, CANDIDATE_SOURCE, quick)
+    assert second["tool"] == "torch.profiler" and second["warning"].endswith("(earlier in this run)")
