@@ -21,6 +21,9 @@ from flows.synthesize import synthesize_problem
 from kforge.compact import compact_before
 from kforge.config import RunConfig
 from kforge.progress import start as start_progress
+from tasks import knowledge
+from tasks.isolate import STOPPING, stop_workers
+from tasks.optimize import kb_dir_of
 from tasks.problems import Problem, RejectedFile, load_suite
 from tasks.publish import publish_task
 from tasks.record import host_facts, record_run_task, run_row
@@ -67,6 +70,25 @@ def seed_from(run_id: str) -> int:
     return int(hashlib.sha256(run_id.encode()).hexdigest()[:8], 16)
 
 
+TOKEN_COLUMNS = (
+    "tokens_in",
+    "tokens_out",
+    "analysis_tokens_in",
+    "analysis_tokens_out",
+    "soft_check_tokens_in",
+    "soft_check_tokens_out",
+)
+
+
+def tokens_per_problem(problems: list[Any], states: list[State]) -> dict[str, int]:
+    """Model tokens (in and out, every agent) each problem's recorded attempts used: the ablations' cost."""
+    spent = {}
+    for problem, state in zip(problems, states):
+        rows = state.result() if state.is_completed() else []
+        spent[problem.problem_id] = int(sum(row.get(c) or 0 for row in rows for c in TOKEN_COLUMNS))
+    return spent
+
+
 def final_state(summary: dict[str, Any]) -> State | dict[str, Any]:
     """The flow run's end: a Completed state named `Regressed` when `kforge compare` found regressions
     against the previous run, so the Prefect UI and `prefect flow-run ls` show it; the summary is its data."""
@@ -91,6 +113,9 @@ def run_suite(config: RunConfig) -> dict[str, Any] | State:
     for rejected_file in rejected:
         logger.warning("skipped %s", rejected_file)
     record_run_task(run_row(run_id, config, "running", started_at, facts), config.results_dir)
+    kb_versions = {}
+    if config.optimize == "kb" and config.kb_memory:
+        kb_versions["kb_version_start"] = knowledge.load_latest(kb_dir_of(config)).kb_version
 
     # The runner is made here, not on the decorator, so the config decides the fan-out however the
     # flow is started (kforge run, kforge retry, Retry in the UI, run-grid).
@@ -98,11 +123,17 @@ def run_suite(config: RunConfig) -> dict[str, Any] | State:
     with ThreadPoolTaskRunner(max_workers=config.effective_parallel_problems()) as runner:
         futures = [runner.submit(problem_task, {"problem": p, "config": config, "run_id": run_id}) for p in problems]
         problem_of = {future: problem for future, problem in zip(futures, problems)}
-        for future in as_completed(futures):  # all of them: leaving the runner cancels what is still running
-            future.wait()  # the done callback can come before the future holds its final state (and its data)
-            if progress is not None:
-                state = future.state
-                progress.problem_done(problem_of[future].problem_id, state.result() if state.is_completed() else [])
+        try:
+            for future in as_completed(futures):  # all of them: leaving the runner cancels what is still running
+                future.wait()  # the done callback can come before the future holds its final state (and its data)
+                if progress is not None:
+                    state = future.state
+                    problem_id = problem_of[future].problem_id
+                    progress.problem_done(problem_id, state.result() if state.is_completed() else [])
+        except BaseException:  # SIGTERM (Prefect's TerminationSignal), Ctrl-C: end the stages in flight now
+            stop_workers()
+            logger.error("stopping: %s", STOPPING.replace("RUN_ID", run_id))
+            raise
     states = [future.state for future in futures]
 
     outcomes: Counter[str] = Counter()
@@ -122,12 +153,16 @@ def run_suite(config: RunConfig) -> dict[str, Any] | State:
     summary = {
         "run_id": run_id,
         "problems": len(problems),
+        "tokens": tokens_per_problem(problems, states),
+        **kb_versions,
         "outcomes": dict(outcomes),
         "rejected_files": [str(r) for r in rejected],
         "failed_problems": failed_problems,
         "broken_problems": broken_problems,
         "results_dir": config.results_dir,
     }
+    if "kb_version_start" in kb_versions:
+        summary["kb_version_end"] = knowledge.load_latest(kb_dir_of(config)).kb_version
     status = "failed" if failed_problems else "finished"
     record_run_task(run_row(run_id, config, status, started_at, facts, summary), config.results_dir)
     published = publish_task(summary, config, return_state=True)  # the UI's table and summary artifacts

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from kforge.config import RunConfig
-from tasks.analyze import analyze_task, failed_analysis, wants_analysis, with_analysis
+from tasks.analyze import analyze_task, failed_analysis, profile_for_analysis, wants_analysis, with_analysis
 from tasks.compile import compile_task
+from tasks.distill import distil
 from tasks.generate import GenerationRequest, backoff_delays, failed_generation, generate_task
 from tasks.measure import baseline_task, time_task
 from tasks.optimize import (
@@ -27,7 +29,7 @@ from tasks.optimize import (
 )
 from tasks.policy import after_attempt, broken_reference
 from tasks.problems import Problem
-from tasks.profile import profile_task, record_profile_task
+from tasks.profile import profile_rows, profile_task, record_profile_task
 from tasks.record import attempt_row, record_attempt_task
 from tasks.softcheck import failed_soft_check, needs_model_notice, soft_check_task, wants_soft_check, with_soft_check
 from tasks.verify import verify_task
@@ -95,8 +97,9 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
             stage_results = evaluate_candidate(problem, reply.candidate_source, config, baseline, iteration)
         parent = rows[-1]["attempt_id"] if rows else None
         row = attempt_row(run_id, problem, config, iteration, reply, stage_results, baseline, parent)
+        profiled: list[dict[str, Any]] = []
         if config.profile and row["outcome"] == "correct":
-            _profile(problem, reply.candidate_source, config, run_id, row["attempt_id"], iteration)
+            profiled = _profile(problem, reply.candidate_source, config, run_id, row["attempt_id"], iteration)
         if wants_soft_check(config, row):
             state = _model_task(soft_check_task, config, problem, iteration)(
                 problem, reply.candidate_source, config, run_id, return_state=True
@@ -105,8 +108,11 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
             row = with_soft_check(row, soft_check)  # beside the outcome, which it never changes
         recommendation = None
         if wants_analysis(config, row, iteration):
+            profile = None  # agent G sees the distilled profile, as text or a chart, unless told times only
+            if profiled and not config.cycles_only:
+                profile = profile_for_analysis(distil(row, profiled), config.profile_format)
             state = _model_task(analyze_task, config, problem, iteration)(
-                problem, reply.candidate_source, row, config, run_id, return_state=True
+                problem, reply.candidate_source, row, config, run_id, profile, return_state=True
             )
             analysis = state.result() if state.is_completed() else failed_analysis(state.result(False))
             row, recommendation = with_analysis(row, analysis), analysis.recommendation
@@ -122,7 +128,7 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
 
 def _profile(
     problem: Problem, source: str | None, config: RunConfig, run_id: str, attempt_id: str | None, iteration: int | None
-) -> None:
+) -> list[dict[str, Any]]:
     """Profile a correct candidate (or, `source` None, the reference) into the `profiles` table:
     advisory numbers for the agents, never a verdict or a time (tasks/profile.py)."""
     model = "candidate" if source is not None else "reference"
@@ -133,6 +139,7 @@ def _profile(
     if profiled.get("outcome") != "correct":
         get_run_logger().warning("%s: no profile (%s)", name, profiled.get("error_class"))
     record_profile_task(profiled, run_id, problem.problem_id, attempt_id, config.results_dir)
+    return profile_rows(profiled, run_id, problem.problem_id, attempt_id)
 
 
 def _optimize(
@@ -145,12 +152,16 @@ def _optimize(
     if parent is None:
         logger.info("%s: no correct kernel, no knowledge-base optimization", problem.problem_id)
         return []
+    if not config.kb_memory:  # the ablation: this problem's own folder, starting from the seed
+        no_memory = Path(config.cache_dir) / "kb-no-memory" / run_id / problem.problem_id
+        config = config.model_copy(update={"kb_dir": str(no_memory)})
     kb = load_kb_task(str(kb_dir_of(config)), run_id, problem.problem_id)
     logger.info("%s: knowledge base v%d at the start (%s)", problem.problem_id, kb.kb_version, kb_dir_of(config))
     first_version, children = kb.kb_version, []
     for step in range(config.depth):
         iteration = rows[-1]["iteration"] + 1 + step
-        metrics = distil_metrics(parent, profile_of(config.results_dir, parent["attempt_id"]))
+        profiled = [] if config.cycles_only else profile_of(config.results_dir, parent["attempt_id"])
+        metrics = distil_metrics(parent, profiled)
         choice = _model_task(extract_state_task, config, problem, iteration)(
             metrics, kb, config, run_id, problem.problem_id
         )

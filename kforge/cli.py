@@ -174,6 +174,9 @@ def run(
     profile: Annotated[
         bool | None, Opt(help="Profile correct kernels and references into the profiles table (default: off).")
     ] = None,
+    profile_format: Annotated[
+        str | None, Opt(help="Profile for the performance agent: text | image | both (default: text).")
+    ] = None,
     optimize: Annotated[
         str | None, Opt(help="After a correct kernel: none | kb (knowledge-base rollouts) (default: none).")
     ] = None,
@@ -183,6 +186,13 @@ def run(
         str | None, Opt(help="Folder of the versioned knowledge base (default: <cache>/knowledge).")
     ] = None,
     kb_temperature: Annotated[float | None, Opt(help="Technique selection temperature, > 0 (default: 1.0).")] = None,
+    memory: Annotated[
+        bool | None,
+        Opt(help="Carry what one problem learns to the next; --no-memory: each starts from the seed (default: on)."),
+    ] = None,
+    cycles_only: Annotated[
+        bool | None, Opt("--cycles-only", help="The agents see times only, no profile (an ablation; default: off).")
+    ] = None,
     model: Annotated[str | None, Opt(envvar="KFORGE_MODEL", help="Model name; without one, no model is used.")] = None,
     base_url: Annotated[
         str | None, Opt(envvar="KFORGE_BASE_URL", help="OpenAI-compatible endpoint (default: OpenAI).")
@@ -229,11 +239,14 @@ def run(
             "torch_compile_baseline": torch_compile,
             "reuse_baselines": reuse_baselines,
             "profile": profile,
+            "profile_format": profile_format,
             "optimize": optimize,
             "rollouts": rollouts,
             "depth": depth,
             "kb_dir": str(Path(knowledge_base).expanduser()) if knowledge_base else None,
             "kb_temperature": kb_temperature,
+            "kb_memory": memory,
+            "cycles_only": cycles_only,
             "reference_backend": reference_backend,
             "performance_agent": performance_agent,
             "soft_check": soft_check,

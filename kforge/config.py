@@ -79,6 +79,11 @@ class RunConfig(BaseModel):
         description="Profile each correct candidate and each problem's reference (Nsight Compute where present, "
         "torch.profiler otherwise) into the profiles table: advisory numbers for the agents",
     )
+    profile_format: Literal["text", "image", "both"] = Field(
+        "text",
+        description="How the performance agent sees a distilled profile: 'text' (a few lines), 'image' (a PNG chart "
+        "of kernel time shares and speed-of-light bars, for multimodal models; needs the report extra) or 'both'",
+    )
     reuse_baselines: bool = Field(
         False,
         description="Reuse each problem's baseline stage (eager and torch.compile times, the trusted echo) from "
@@ -97,6 +102,14 @@ class RunConfig(BaseModel):
     )
     kb_temperature: float = Field(
         1.0, gt=0, description="Selection temperature: p ~ gain^(1/T); lower is greedier, never plain argmax"
+    )
+    kb_memory: bool = Field(
+        True,
+        description="False (an ablation): every problem starts from the seed knowledge base, and what it learns "
+        "stays with that problem (a folder of its own under <cache_dir>/kb-no-memory)",
+    )
+    cycles_only: bool = Field(
+        False, description="An ablation: the agents see times only, never a profile (profiles are still recorded)"
     )
     threads: int | None = Field(None, description="CPU threads per worker (default: all cores)")
     compile_timeout_s: float = Field(300.0, gt=0)

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -70,6 +71,34 @@ def scratch_root() -> str | None:
 
 class InfrastructureError(Exception):
     """The worker could not be run at all (not the candidate's fault); worth retrying."""
+
+
+class Stopping(Exception):
+    """kforge is stopping (SIGTERM, Ctrl-C): the stage in flight did not finish and records nothing."""
+
+
+# Every worker process alive, so that a run told to stop ends the stages in flight at once instead of
+# waiting for them (the Prefect runner cannot leave while its threads still run a stage).
+_live: set[subprocess.Popen] = set()
+_live_lock = threading.Lock()
+_stopping = threading.Event()
+STOPPING = "kforge is stopping (a termination signal): the stage did not finish; `kforge retry RUN_ID` redoes it"
+
+
+def stop_workers() -> None:
+    """Kill every live worker and start no new one: the stages in flight raise `Stopping`."""
+    _stopping.set()
+    with _live_lock:
+        live = list(_live)
+    for process in live:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def check_stopping() -> None:
+    """Raise `Stopping` once stop_workers() ran: a result that came back then is the kill's, not the candidate's."""
+    if _stopping.is_set():
+        raise Stopping(STOPPING)
 
 
 @dataclass(frozen=True)
@@ -149,6 +178,7 @@ def _start_worker(
     """Start `python -m tasks.harness.worker ARGV` ({control} in ARGV names its control directory),
     with `request_json` written there first if given, under `wrapper` (an argv prefix run inside
     the sandbox: ncu, tasks/profile.py; {control} in it too)."""
+    check_stopping()
     try:
         control = tempfile.TemporaryDirectory(prefix="kforge-ctl-", dir=scratch_root())
         work = tempfile.TemporaryDirectory(prefix="kforge-run-")
@@ -176,6 +206,10 @@ def _start_worker(
         )
     except OSError as exc:
         raise InfrastructureError(f"cannot start the evaluation worker: {exc}") from exc
+    with _live_lock:
+        _live.add(process)
+    if _stopping.is_set():  # stop_workers() ran while this one started
+        _kill_session(process)
     return _Worker(process, control, work, log_file)
 
 
@@ -225,8 +259,11 @@ def run_worker(
             if collect:
                 result["collected"] = _collected(worker.control_path, collect)
         finally:
+            with _live_lock:
+                _live.discard(worker.process)
             worker.control.cleanup()
             worker.work.cleanup()
+    check_stopping()
     return result
 
 
@@ -335,6 +372,8 @@ def _resident_mb(pid: int) -> int:
 
 def _kill_session(process: subprocess.Popen) -> None:
     """Kill the worker and anything it spawned, then reap it."""
+    with _live_lock:
+        _live.discard(process)
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

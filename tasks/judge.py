@@ -16,7 +16,7 @@ from typing import Any
 from kforge.config import RunConfig
 from tasks import drive, slots
 from tasks.harness import extensions
-from tasks.isolate import InfrastructureError, run_worker
+from tasks.isolate import InfrastructureError, check_stopping, run_worker
 from tasks.pool import worker_pool
 
 
@@ -45,6 +45,7 @@ def evaluate_in_worker(
             return drive.time_baselines(problem_source, config)
 
         result = stage()
+        check_stopping()
         if result.get("error_class") == drive.HARNESS_OUT_OF_MEMORY and not slots.holding_alone():
             with slots.alone_on_host(config.backend):  # the other problems' stages hold memory too
                 result = stage()

@@ -11,10 +11,11 @@ One step, from the best correct kernel so far (the parent):
 5. `kb_update_task`: the replay buffer updates the knowledge base (numeric, plus textual with a model),
    saves the new version in `kb_dir` and appends the update's rows to the `kb_updates` table.
 
-What the seed's rules need and where it comes from: dram_throughput_pct, sm_throughput_pct and
-achieved_occupancy_pct from Nsight Compute's SpeedOfLight and Occupancy sections; launch_overhead_pct from
-torch.profiler's CUDA kernel times against the measured runtime. tensor_pipe_pct, sectors_per_request and
-dram_bytes_ratio are not collected yet. On the CPU backend none of them exists, so no rule matches there.
+What the seed's rules need and where it comes from (data/profile_metrics.json, tasks/distill.py):
+dram_throughput_pct, sm_throughput_pct and achieved_occupancy_pct from Nsight Compute's SpeedOfLight and
+Occupancy sections; launch_overhead_pct from the kernel times (ncu's or torch.profiler's) against the measured
+runtime; dram_bytes_ratio only where the problem's minimum bytes are given. tensor_pipe_pct and
+sectors_per_request are not collected yet. On the CPU backend none of them exists, so no rule matches there.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from prefect import task
 
 from kforge.config import RunConfig
 from kforge.results import append_rows, load
-from tasks import knowledge
+from tasks import distill, knowledge
 from tasks.caching import content_key
 from tasks.generate import GenerationRequest, retry_on_endpoint
 from tasks.knowledge import KbUpdate, KnowledgeBase, Rollout
@@ -42,13 +43,6 @@ from tasks.problems import Problem
 from tasks.prompts import templates_digest
 from tasks.record import attempt_id, feedback_from_row
 
-# Nsight Compute "details" metric names -> the knowledge base's metric names (all percentages).
-NCU_METRICS = {
-    "DRAM Throughput": "dram_throughput_pct",
-    "Compute (SM) Throughput": "sm_throughput_pct",
-    "Achieved Occupancy": "achieved_occupancy_pct",
-}
-DURATION_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
 SAVE_TRIES = 5  # another problem may save the same version first: update the newer one instead
 
 
@@ -87,51 +81,9 @@ def profile_of(results_dir: str, attempt: str) -> list[dict[str, Any]]:
 
 
 def distil_metrics(row: dict[str, Any], profile_rows: list[dict[str, Any]]) -> dict[str, float]:
-    """The metrics the state rules read, from what the attempt's row and profile have; a metric that was not
-    measured is left out (a rule on it then never holds)."""
-    metrics = {
-        name: float(row[column])
-        for name, column in (("runtime_ms", "runtime_ms"), ("speedup_eager", "speedup_eager"))
-        if row.get(column) is not None
-    }
-    if row.get("roofline_fraction") is not None:
-        metrics["roofline_pct"] = 100.0 * float(row["roofline_fraction"])
-    ncu_rows = [r for r in profile_rows if r.get("tool") == "ncu"]
-    metrics |= _ncu_metrics(ncu_rows) if ncu_rows else _torch_metrics(profile_rows, row.get("runtime_ms"))
-    return metrics
-
-
-def _ncu_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Each NCU_METRICS value averaged over the kernel launches, weighted by their durations."""
-    durations = {
-        r["instance"]: float(r["value"]) * DURATION_US[r["unit"]]
-        for r in rows
-        if r["metric"] == "Duration" and r.get("unit") in DURATION_US
-    }
-    metrics = {"kernel_launches": float(len({r["instance"] for r in rows}))}
-    for ncu_name, name in NCU_METRICS.items():
-        values = [(float(r["value"]), durations.get(r["instance"], 1.0)) for r in rows if r["metric"] == ncu_name]
-        weight = sum(w for _, w in values)
-        if values and weight > 0:
-            metrics[name] = sum(v * w for v, w in values) / weight
-    return metrics
-
-
-def _torch_metrics(rows: list[dict[str, Any]], runtime_ms: float | None) -> dict[str, float]:
-    """Launch and op counts from torch.profiler; on a GPU the share of the runtime no kernel ran in."""
-    calls = [r for r in rows if r.get("metric") == "calls"]
-    if not calls:
-        return {}
-    kernels = [r for r in calls if r.get("section") == "cuda_kernels"]
-    metrics = {"cpu_op_calls": sum(float(r["value"]) for r in calls if r.get("section") == "cpu_ops")}
-    if kernels:
-        metrics["kernel_launches"] = sum(float(r["value"]) for r in kernels)
-        busy_us = sum(
-            float(r["value"]) for r in rows if r.get("section") == "cuda_kernels" and r["metric"] == "self_time_us"
-        )
-        if runtime_ms:
-            metrics["launch_overhead_pct"] = max(0.0, 100.0 * (1.0 - busy_us / 1e3 / runtime_ms))
-    return metrics
+    """The metrics the state rules read, from what the attempt's row and profile have (tasks/distill.py); a
+    metric that was not measured is left out (a rule on it then never holds)."""
+    return distill.distil(row, profile_rows).metrics
 
 
 # ---------------------------------------------------------------- 2. state

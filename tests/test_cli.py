@@ -1,8 +1,10 @@
 """The `kforge` command as a user runs it: a subprocess, its own ephemeral Prefect server."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -207,3 +209,58 @@ def test_failed_run_then_kforge_retry(tmp_path):
 
     unknown = kforge("retry", "00000000-0000-0000-0000-000000000000", home=tmp_path)
     assert unknown.returncode == 2 and "no kforge run" in unknown.stderr
+
+
+SLEEPY_PROBLEM = """
+import time
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        time.sleep(20)  # every call: a stage in flight for minutes
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(64)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_stages_in_flight_and_records_nothing_unfinished(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "1_sleepy.py").write_text(SLEEPY_PROBLEM)
+    (suite / "1_relu.py").write_text((SMOKE / "1_relu.py").read_text())
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    args = ["run", "--suite", str(suite), "--agent", "identity", "--iterations", "0", "--no-torch-compile"]
+    args += ["--results", str(tmp_path / "results"), "--cache", str(tmp_path / "cache"), "--parallel-problems", "2"]
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        run = subprocess.Popen([sys.executable, "-m", "kforge.cli", *args], stdout=out, stderr=out, env=env, cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 300
+            while "baseline 1_sleepy" not in log.read_text() and "Task run 'generate 1_sleepy" not in log.read_text():
+                assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+            time.sleep(3)  # 1_sleepy's baseline stage is in flight: its first call sleeps 20 s, and there are many
+            run.send_signal(signal.SIGTERM)
+            # Without stopping the workers the run waits for that stage, minutes; the bound is far from both.
+            returncode = run.wait(timeout=60)
+        finally:
+            if run.poll() is None:
+                run.kill()
+    text = log.read_text()
+    assert returncode != 0, text[-3000:]
+    assert "kforge retry" in text and "termination signal" in text, text[-3000:]
+    attempts = results.load("attempts", tmp_path / "results")
+    assert "1_sleepy" not in set(attempts.get("problem_id", []))  # nothing recorded of what did not finish
+    assert set(attempts.get("outcome", [])) <= {"correct"}  # and 1_relu, if it finished, honestly so

@@ -183,3 +183,39 @@ def test_a_new_run_is_answered_from_the_reply_cache_soft_check_included(prefect_
         assert rows.loc[1, "soft_check_tokens_in"] > 0 and pd.isna(rows.loc[1, "soft_check_error"])
         assert pd.isna(rows.loc[0, "soft_check"]) and rows.loc[0, "outcome"] == "generation_failed"
     assert (attempts["schema_version"] == results.SCHEMA_VERSION).all()
+
+
+def text_of(message: dict) -> str:
+    content = message["content"]
+    return content if isinstance(content, str) else "\n".join(p.get("text", "") for p in content if p["type"] == "text")
+
+
+@pytest.mark.parametrize(("profile_format", "cycles_only"), [("both", False), ("text", True)])
+def test_agent_g_sees_the_distilled_profile_or_times_only(prefect_server, llm_config, profile_format, cycles_only):
+    suite = Path(llm_config.suite)
+    for extra in ("1_gelu", "1_sum_dim", "1_softmax"):
+        (suite / f"{extra}.py").unlink()
+    analyses: list[dict] = []
+
+    def respond(body: dict) -> dict:
+        message = body["messages"][-1]
+        if "Timings (median over timed runs" in text_of(message):
+            analyses.append(message)
+            return {"content": json.dumps(RECOMMENDATION)}
+        return kernel_reply("1_relu.py")
+
+    update = {"profile": True, "profile_format": profile_format, "cycles_only": cycles_only}
+    run_config = llm_config.model_copy(update=update)
+    with scripted_openai_server(respond) as server:
+        state = run_suite(with_endpoint(run_config, server.base_url), return_state=True)
+    assert state.is_completed(), state.message
+    assert analyses, "agent G was never asked"
+    prompt, content = text_of(analyses[0]), analyses[0]["content"]
+    images = [p for p in content if p["type"] == "image_url"] if isinstance(content, list) else []
+    if cycles_only:
+        assert "No profiler output is available" in prompt and not images
+    else:  # the distilled summary (torch.profiler on the cpu) and the chart
+        assert "Profile of one call (distilled):" in prompt and "torch.profiler" in prompt
+        assert "Time per kernel:" in prompt
+        assert len(images) == 1 and images[0]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert not results.load("profiles", run_config.results_dir).empty  # recorded either way

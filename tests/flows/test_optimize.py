@@ -94,10 +94,14 @@ def test_kb_rollouts_are_recorded_update_the_kb_and_replay_on_retry(prefect_serv
     assert replayed[("kb-update", "Completed")] == 0 and replayed[("record-attempt", "Completed")] == 0
 
 
-def test_what_one_problem_learns_is_shown_to_the_next_problems_rollouts(prefect_server, kb_config):
+LEARNED = "Learned on the first problem: vectorize only contiguous, aligned tensors."
+
+
+def two_problem_run(kb_config, **update) -> tuple[dict, list[str], object]:
+    """1_gelu then 1_relu (one at a time) through the KB loop with scripted replies: the kernel, the state,
+    and a gap analysis that rewrites every entry tried. Returns the run's summary, the prompts, the config."""
     smoke = Path(kb_config.suite)
     (smoke / "1_relu.py").write_text((SMOKE / "1_relu.py").read_text() + "\n# tests/flows/test_optimize.py\n")
-    learned = "Learned on the first problem: vectorize only contiguous, aligned tensors."
 
     def respond(body: dict) -> dict:
         prompt = body["messages"][-1]["content"]
@@ -105,12 +109,12 @@ def test_what_one_problem_learns_is_shown_to_the_next_problems_rollouts(prefect_
             state = {"state": "memory-bandwidth-bound", "primary_bottleneck": "DRAM", "reason": "one pass"}
             return {"content": json.dumps(state)}
         if prompt.startswith("Performance state:"):
-            return {"content": json.dumps({"explanation": "the same kernel again", "description": learned})}
+            return {"content": json.dumps({"explanation": "the same kernel again", "description": LEARNED})}
         problem_id = re.search(r"problem_id: (\S+)", prompt).group(1)
         return {"content": f"```python\n{(KERNELS / f'{problem_id}.py').read_text()}```\n"}
 
     run_config = kb_config.model_copy(
-        update={"agent": "llm", "rollouts": 3, "cache_dir": str(Path(kb_config.results_dir).parent / "cache")}
+        update={"agent": "llm", "rollouts": 3, "cache_dir": str(Path(kb_config.results_dir).parent / "cache"), **update}
     )
     with scripted_openai_server(respond) as server:
         settings = {"model": "scripted", "base_url": server.base_url, "api_key_env": "KFORGE_TEST_NO_KEY"}
@@ -118,6 +122,12 @@ def test_what_one_problem_learns_is_shown_to_the_next_problems_rollouts(prefect_
         state = run_suite(run_config, return_state=True)
         assert state.is_completed(), state.message
         prompts = [r["body"]["messages"][-1]["content"] for r in server.requests if r["body"]]
+    return state.result(), prompts, run_config
+
+
+def test_what_one_problem_learns_is_shown_to_the_next_problems_rollouts(prefect_server, kb_config):
+    summary, prompts, run_config = two_problem_run(kb_config)
+    learned = LEARNED
 
     generation = {pid: [p for p in prompts if f"problem_id: {pid}\n" in p] for pid in ("1_gelu", "1_relu")}
     assert len(generation["1_gelu"]) == len(generation["1_relu"]) == 4  # the kernel, then 3 rollouts
@@ -128,3 +138,19 @@ def test_what_one_problem_learns_is_shown_to_the_next_problems_rollouts(prefect_
     assert knowledge.versions(run_config.kb_dir) == [2, 3]
     updates = results.load("kb_updates", run_config.results_dir)
     assert set(updates.loc[updates["problem_id"] == "1_gelu", "rationale"]) >= {"the same kernel again"}
+
+    assert (summary["kb_version_start"], summary["kb_version_end"]) == (1, 3)
+    assert set(summary["tokens"]) == {"1_gelu", "1_relu"} and all(n > 0 for n in summary["tokens"].values())
+
+
+def test_without_memory_the_next_problem_starts_from_the_seed(prefect_server, kb_config):
+    summary, prompts, run_config = two_problem_run(kb_config, kb_memory=False)
+    generation = {pid: [p for p in prompts if f"problem_id: {pid}\n" in p] for pid in ("1_gelu", "1_relu")}
+    assert len(generation["1_gelu"]) == len(generation["1_relu"]) == 4
+    # 1_gelu still learned (its gap analysis ran), but 1_relu's rollouts see the seed's entries only.
+    assert not any(LEARNED in p for p in generation["1_relu"])
+    assert all("knowledge base v1" in p for p in generation["1_relu"][1:])
+    assert knowledge.versions(run_config.kb_dir) == []  # the shared knowledge base is untouched
+    own = Path(run_config.cache_dir) / "kb-no-memory" / summary["run_id"]
+    assert knowledge.versions(own / "1_gelu") == [2] and knowledge.versions(own / "1_relu") == [2]
+    assert "kb_version_start" not in summary
