@@ -309,3 +309,20 @@ def test_row20_honest_twins_stay_correct_with_every_core_busy(name, config, busy
     problem, candidate = HONEST[name]
     result = stages(problem, candidate, config)
     assert result["outcome"] == "correct", result
+
+
+def test_the_pair_decides_the_eager_time_unless_it_was_slowed_beyond_both_spreads():
+    from tasks.measure import eager_time
+
+    baseline = {"eager_ms": 0.100, "eager_p10_ms": 0.095, "eager_p90_ms": 0.115, "eager_observed_ms": 0.4}
+    # Two workers on two cores: the pair runs 12% slower than the baseline had it alone, within the spreads.
+    contended = {"timing_source": "claimed", "paired_eager_ms": 0.112, "paired_eager_p10_ms": 0.104}
+    assert eager_time(contended, baseline) == (0.112, "paired")
+    # A candidate that slows its pair (GPU work left running, a thread): every pair call slower than the
+    # baseline's slowest tenth, so the baseline stage's time stands.
+    slowed = {"timing_source": "claimed", "paired_eager_ms": 0.180, "paired_eager_p10_ms": 0.160}
+    assert eager_time(slowed, baseline) == (0.100, "baseline")
+    # Timed by the orchestrator's floor: compared with the baseline's same floor, no spread recorded for it.
+    assert eager_time({"timing_source": "observed", "paired_eager_ms": 0.5}, baseline) == (0.5, "paired")
+    assert eager_time({"timing_source": "observed", "paired_eager_ms": 0.9}, baseline) == (0.4, "baseline")
+    assert eager_time({"timing_source": "claimed"}, baseline) == (0.100, "baseline")  # no pair
