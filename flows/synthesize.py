@@ -8,6 +8,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from kforge.config import RunConfig
+from tasks import knowledge
 from tasks.analyze import analyze_task, failed_analysis, profile_for_analysis, wants_analysis, with_analysis
 from tasks.compile import compile_task
 from tasks.distill import distil
@@ -165,6 +166,8 @@ def _optimize(
         choice = _model_task(extract_state_task, config, problem, iteration)(
             metrics, kb, config, run_id, problem.problem_id
         )
+        if choice.new_state is not None:  # saved with this step's update, a kb_updates row saying so
+            kb = knowledge.with_state(kb, choice.new_state)
         plan = plan_rollouts(kb, choice.state, config, run_id, problem.problem_id, step)
         logger.info("%s: %s; rollouts: %s", problem.problem_id, choice.how, ", ".join(t for t, _ in plan))
         replay = []

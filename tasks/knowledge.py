@@ -331,6 +331,28 @@ def parse_state_reply(text: str) -> tuple[StateReply | None, str | None]:
     return None, f"the state reply has no JSON object with {', '.join(keys)}"
 
 
+def discovered_state(reply: StateReply, template: State) -> State:
+    """A state the model named that the knowledge base lacks: its name (lowercase, hyphenated), the
+    model's bottleneck and reason, no rules (the rules never claim it; the model recognises it again
+    from its description, and people can add rules with `kforge kb import`), and `template`'s techniques
+    (the fallback state's) as untried entries, with no measured record, for the selector to start from."""
+    name = re.sub(r"[^a-z0-9]+", "-", reply.state.lower()).strip("-")[:48] or "model-named-state"
+    return State(
+        name=name,
+        primary_bottleneck=reply.primary_bottleneck,
+        secondary=(f"named by the model: {reply.reason}",),
+        rules=(),
+        optimizations=tuple(Optimization(o.technique, o.description, o.expected_gain) for o in template.optimizations),
+    )
+
+
+def with_state(kb: KnowledgeBase, state: State) -> KnowledgeBase:
+    """`kb` with `state` added (the same version: the step's update saves the next one)."""
+    if kb.state(state.name) is not None:
+        return kb
+    return replace(kb, states=(*kb.states, state))
+
+
 # ---------------------------------------------------------------- selection
 
 

@@ -37,7 +37,7 @@ from kforge.results import append_rows, load
 from tasks import distill, knowledge
 from tasks.caching import content_key
 from tasks.generate import GenerationRequest, retry_on_endpoint
-from tasks.knowledge import KbUpdate, KnowledgeBase, Rollout
+from tasks.knowledge import KbUpdate, KnowledgeBase, Rollout, State
 from tasks.llm import EndpointError, chat
 from tasks.problems import Problem
 from tasks.prompts import templates_digest
@@ -50,6 +50,7 @@ SAVE_TRIES = 5  # another problem may save the same version first: update the ne
 class StateChoice:
     state: str
     how: str  # one line for the log: rules, model or fallback, and why
+    new_state: State | None = None  # a state the model named that the knowledge base lacked
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,12 @@ def choose_state(metrics: dict[str, float], kb: KnowledgeBase, config: RunConfig
             parsed, why_not = None, str(exc)
         if parsed is not None and kb.state(parsed.state) is not None:
             return StateChoice(parsed.state, f"state {parsed.state} from the model ({unsure}): {parsed.reason}")
-        why_not = why_not or f"the model named {parsed.state!r}, which is not in the knowledge base"
+        if parsed is not None:  # a new state: added to the knowledge base, the fallback's techniques to start
+            new = knowledge.discovered_state(parsed, kb.state(fallback_state(kb)))
+            if kb.state(new.name) is not None:
+                return StateChoice(new.name, f"state {new.name} from the model ({unsure}): {parsed.reason}")
+            how = f"new state {new.name} named by the model ({unsure}): {parsed.reason}"
+            return StateChoice(new.name, how, new_state=new)
         unsure = f"{unsure} and the model gave none ({why_not})"
     else:
         unsure = f"{unsure} and no model is set to ask"
@@ -285,7 +291,11 @@ def save_update(kb: KnowledgeBase, replay: list[Rollout], config: RunConfig) -> 
     for _ in range(SAVE_TRIES):
         latest = knowledge.load_latest(kb_dir)
         base = latest if latest.kb_version >= kb.kb_version else kb
+        discovered = [state for state in kb.states if base.state(state.name) is None]
+        for state in discovered:
+            base = knowledge.with_state(base, state)
         new_kb, updates, notes = updated_kb(base, replay, config)
+        updates += [discovery_update(state, new_kb.kb_version) for state in discovered]
         try:
             path = knowledge.save_version(new_kb, kb_dir)
         except FileExistsError:
@@ -293,6 +303,12 @@ def save_update(kb: KnowledgeBase, replay: list[Rollout], config: RunConfig) -> 
             continue
         return KbStep(new_kb, str(path), tuple(updates), tuple(notes))
     raise RuntimeError(f"{kb_dir}: could not save a new knowledge-base version in {SAVE_TRIES} tries")
+
+
+def discovery_update(state: State, kb_version: int) -> KbUpdate:
+    """The `kb_updates` row of a state the model named (technique empty: the state itself is new)."""
+    why = "; ".join(state.secondary)
+    return KbUpdate(kb_version, state.name, "", None, None, f"new state ({state.primary_bottleneck}): {why}")
 
 
 def kb_update_rows(step: KbStep, run_id: str, problem_id: str) -> list[dict[str, Any]]:

@@ -85,3 +85,37 @@ def test_a_save_that_lost_its_version_number_updates_the_winners_version(tmp_pat
     assert saved.kb.state("memory-bandwidth-bound").optimization("operator-fusion").attempts == 2
     rows = optimize.kb_update_rows(saved, "run-1", "1_gelu")
     assert [(r["kb_version"], r["attempt_ids"], r["problem_id"]) for r in rows] == [(3, ["a2"], "1_gelu")]
+
+
+def test_a_state_the_model_names_is_added_to_the_knowledge_base_with_the_fallbacks_techniques(tmp_path):
+    from llm_server import scripted_openai_server
+
+    reply = {"state": "Register Spilling Bound", "primary_bottleneck": "local memory traffic", "reason": "spills"}
+    with scripted_openai_server([{"content": json.dumps(reply)}]) as server:
+        llm = {"model": "scripted", "base_url": server.base_url, "api_key_env": "KFORGE_TEST_NO_KEY"}
+        config = RunConfig(cache_dir=str(tmp_path / "cache"), kb_dir=str(tmp_path / "kb"))
+        config = config.model_copy(update={"llm": config.llm.model_copy(update=llm)})
+        choice = optimize.choose_state({"runtime_ms": 1.0}, SEED, config)
+    assert choice.state == "register-spilling-bound" and "new state" in choice.how
+    new = choice.new_state
+    assert new is not None and new.rules == () and new.primary_bottleneck == "local memory traffic"
+    fallback = SEED.state(optimize.fallback_state(SEED))
+    assert [o.technique for o in new.optimizations] == [o.technique for o in fallback.optimizations]
+    assert all(o.attempts == 0 and o.mean_gain is None for o in new.optimizations)
+    # The rules never claim a state without rules; the step's save keeps it, with a kb_updates row.
+    kb = knowledge.with_state(SEED, new)
+    assert knowledge.extract_state({"runtime_ms": 1.0}, kb) == (None, 0.0)
+    technique = new.optimizations[0].technique
+    numeric_only = config.model_copy(update={"llm": RunConfig().llm})
+    saved = optimize.save_update(kb, [Rollout("a1", new.name, technique, 1.4, "cpu")], numeric_only)
+    reloaded = knowledge.load(saved.path)
+    assert reloaded.kb_version == 2 and reloaded.state(new.name).optimization(technique).attempts == 1
+    rows = optimize.kb_update_rows(saved, "run-1", "1_gelu")
+    assert {(r["state"], r["technique"]) for r in rows} >= {(new.name, ""), (new.name, technique)}
+    assert any(r["rationale"].startswith("new state (local memory traffic)") for r in rows)
+    # Named again by the model later, the same state is reused, not added twice.
+    with scripted_openai_server([{"content": json.dumps(reply)}]) as server:
+        llm = {"model": "scripted", "base_url": server.base_url, "api_key_env": "KFORGE_TEST_NO_KEY"}
+        config = config.model_copy(update={"llm": config.llm.model_copy(update=llm), "cache_dir": str(tmp_path / "c2")})
+        again = optimize.choose_state({"runtime_ms": 1.0}, reloaded, config)
+    assert again.state == new.name and again.new_state is None
