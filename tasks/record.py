@@ -205,8 +205,18 @@ def host_facts() -> dict[str, Any]:
         ),
         "torch_version": metadata.version("torch"),
         "python_version": platform.python_version(),
-        "git_sha": _command_output("git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"),
+        "git_sha": git_sha(),
     }
+
+
+def git_sha() -> str | None:
+    """The checkout's commit, with "-dirty" where tracked files differ from it (a run of uncommitted code
+    must not pass for that commit's); None outside a git checkout."""
+    sha = _command_output("git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD")
+    if sha is None:
+        return None
+    changed = _command_output("git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no")
+    return f"{sha}-dirty" if changed else sha
 
 
 def run_row(

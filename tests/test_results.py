@@ -519,3 +519,26 @@ def test_files_of_an_older_schema_load_with_the_new_columns_empty(tmp_path):
     loaded = load("attempts", tmp_path)
     assert loaded["outcome"].tolist() == ["correct"] and loaded["schema_version"].tolist() == [1]
     assert loaded["prompt_hash"].isna().all() and loaded["reply_cached"].isna().all()
+
+
+def test_the_runs_git_sha_says_when_the_checkout_has_uncommitted_changes(tmp_path, monkeypatch):
+    import subprocess
+
+    from tasks import record
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "one")
+    monkeypatch.setattr(record, "PROJECT_ROOT", tmp_path)
+    clean = record.git_sha()
+    assert clean is not None and len(clean) == 40
+    (tmp_path / "notes.txt").write_text("untracked files do not count\n")
+    assert record.git_sha() == clean
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert record.git_sha() == f"{clean}-dirty"
+    monkeypatch.setattr(record, "PROJECT_ROOT", tmp_path / "not-a-checkout")
+    assert record.git_sha() is None
