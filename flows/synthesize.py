@@ -111,7 +111,8 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
         if wants_analysis(config, row, iteration):
             profile = None  # agent G sees the distilled profile, as text or a chart, unless told times only
             if profiled and not config.cycles_only:
-                profile = profile_for_analysis(distil(row, profiled), config.profile_format)
+                min_bytes = stage_results.get("time", {}).get("min_bytes")
+                profile = profile_for_analysis(distil(row, profiled, min_bytes), config.profile_format)
             state = _model_task(analyze_task, config, problem, iteration)(
                 problem, reply.candidate_source, row, config, run_id, profile, return_state=True
             )

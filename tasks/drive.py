@@ -890,7 +890,9 @@ def _roofline(runtime: trusted.ProblemRuntime, runtime_ms: float) -> dict[str, A
             f"bandwidth of {name} takes ({bounds.write_floor_ms:.4g} ms)"
         )
         raise _failure("integrity_violation", "impossible_speed", excerpt)
-    return {"roofline_fraction": fraction, "roofline_suspect": verdict == "suspect"}
+    # the fewest bytes a call can move (its inputs read, its outputs written): a profile's DRAM traffic against it
+    min_bytes = runtime.input_bytes + runtime.output_bytes
+    return {"roofline_fraction": fraction, "roofline_suspect": verdict == "suspect", "min_bytes": min_bytes}
 
 
 @functools.cache

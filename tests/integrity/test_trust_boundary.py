@@ -239,6 +239,7 @@ def test_row19_a_time_below_writing_the_outputs_is_impossible():
         "impossible_speed",
     )
     assert drive._roofline(runtime, 10.0)["roofline_fraction"] > 0
+    assert drive._roofline(runtime, 10.0)["min_bytes"] == runtime.input_bytes + runtime.output_bytes > 0
 
 
 def test_timing_keeps_claims_the_observation_bears_out():
