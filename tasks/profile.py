@@ -92,7 +92,9 @@ def _under_ncu(
     if reason := ncu.refusal(report):
         return None, reason
     if result["outcome"] != "correct":  # ncu's doing or the candidate's: torch.profiler tells which
-        return None, f"the worker under ncu ended with {result['outcome']} ({result.get('error_class')})"
+        said = [line.strip() for line in report.splitlines() if line.startswith("==")]
+        last = f"; ncu's last line: {said[-1][:200]}" if said else "; ncu wrote nothing"
+        return None, f"the worker under ncu ended with {result['outcome']} ({result.get('error_class')}){last}"
     rows, truncated = ncu.parse_details(report, NCU_LAUNCHES)
     if not rows:
         return None, ncu.NO_REPORT

@@ -174,5 +174,6 @@ def test_ncu_that_times_out_is_given_up_for_the_rest_of_the_run(config, monkeypa
     first = profile.profile_in_worker(PROBLEM_SOURCE, CANDIDATE_SOURCE, quick)
     assert first["outcome"] == "correct" and first["tool"] == "torch.profiler"
     assert "timeout" in first["warning"] and "earlier in this run" not in first["warning"]
+    assert first["warning"].endswith("ncu wrote nothing")  # how far ncu got, for a diagnosis
     second = profile.profile_in_worker(PROBLEM_SOURCE, CANDIDATE_SOURCE, quick)
     assert second["tool"] == "torch.profiler" and second["warning"].endswith("(earlier in this run)")
