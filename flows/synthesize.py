@@ -178,7 +178,7 @@ def _optimize(
             children.append(record_attempt_task(rollout_row, config.results_dir))
             replay.append(replay_entry(parent, rollout_row, choice.state, technique, device_name(config.backend)))
         update = _model_task(kb_update_task, config, problem, iteration)
-        saved = update(kb, replay, config, run_id, problem.problem_id, step)
+        saved = update(kb, replay, config, run_id, problem.problem_id, step, choice)
         for note in saved.notes:
             logger.info("%s: %s", problem.problem_id, note)
         kb, parent = saved.kb, best_correct([parent, *children])

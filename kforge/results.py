@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 
 from tasks.harness.protocol import OUTCOMES  # one list, shared with the harness
 
-SCHEMA_VERSION = 5  # 2: agents F and G; 3: the LLM soft check; 4: the trust boundary's evidence; 5: eager_source
+# 2: agents F and G; 3: the LLM soft check; 4: the trust boundary's evidence; 5: eager_source; 6: kb_updates.tokens
+SCHEMA_VERSION = 6
 
 
 RUN_STATUSES = ("running", "finished", "failed")
@@ -451,6 +452,9 @@ KB_UPDATES_SCHEMA = _schema(
         ("measured_gain", pa.float64()),  # mean over the correct rollouts; null when none was correct
         ("rationale", pa.string()),
         ("attempt_ids", pa.list_(pa.string())),  # the rollouts' attempts
+        # model tokens (in + out) of a step's state and gap-analysis calls, on that step's row whose technique
+        # is empty and whose rationale says so; null on the other rows
+        ("tokens", pa.int64()),
         ("created_at", _UTC_TIMESTAMP),
     ],
 )

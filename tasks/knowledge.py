@@ -119,6 +119,7 @@ class KbUpdate:
     measured_gain: float | None
     rationale: str
     attempt_ids: tuple[str, ...] = field(default_factory=tuple)
+    tokens: int | None = None  # the step's model tokens, on its accounting row (technique "")
 
     def row(self) -> dict[str, Any]:
         return {**asdict(self), "attempt_ids": list(self.attempt_ids)}

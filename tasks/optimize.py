@@ -51,6 +51,7 @@ class StateChoice:
     state: str
     how: str  # one line for the log: rules, model or fallback, and why
     new_state: State | None = None  # a state the model named that the knowledge base lacked
+    tokens: int = 0  # of the state call (in + out), when the model was asked
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class KbStep:
     path: str
     updates: tuple[KbUpdate, ...]
     notes: tuple[str, ...]  # textual-update entries left unchanged, and why
+    tokens: int = 0  # of the gap-analysis calls (in + out)
 
 
 def kb_dir_of(config: RunConfig) -> Path:
@@ -103,25 +105,30 @@ def choose_state(metrics: dict[str, float], kb: KnowledgeBase, config: RunConfig
         return StateChoice(state, f"state {state} from the rules (confidence {confidence:.2f})")
     unsure = "no rule matched" if confidence == 0 else "the rules tied"
     measured = ", ".join(sorted(metrics)) or "none"
+    tokens = 0
     if config.llm.model:
         try:
             reply = chat(config.llm, knowledge.state_prompt(metrics, kb), config.cache_dir)
             parsed, why_not = knowledge.parse_state_reply(reply.text)
+            tokens = reply.tokens_in + reply.tokens_out
         except EndpointError as exc:
             parsed, why_not = None, str(exc)
         if parsed is not None and kb.state(parsed.state) is not None:
-            return StateChoice(parsed.state, f"state {parsed.state} from the model ({unsure}): {parsed.reason}")
+            how = f"state {parsed.state} from the model ({unsure}): {parsed.reason}"
+            return StateChoice(parsed.state, how, tokens=tokens)
         if parsed is not None:  # a new state: added to the knowledge base, the fallback's techniques to start
             new = knowledge.discovered_state(parsed, kb.state(fallback_state(kb)))
             if kb.state(new.name) is not None:
-                return StateChoice(new.name, f"state {new.name} from the model ({unsure}): {parsed.reason}")
+                how = f"state {new.name} from the model ({unsure}): {parsed.reason}"
+                return StateChoice(new.name, how, tokens=tokens)
             how = f"new state {new.name} named by the model ({unsure}): {parsed.reason}"
-            return StateChoice(new.name, how, new_state=new)
+            return StateChoice(new.name, how, new_state=new, tokens=tokens)
         unsure = f"{unsure} and the model gave none ({why_not})"
     else:
         unsure = f"{unsure} and no model is set to ask"
     fallback = fallback_state(kb)
-    return StateChoice(fallback, f"state {fallback} as the fallback: {unsure}; metrics measured: {measured}")
+    how = f"state {fallback} as the fallback: {unsure}; metrics measured: {measured}"
+    return StateChoice(fallback, how, tokens=tokens)
 
 
 def _state_key(_context: Any, parameters: dict[str, Any]) -> str:
@@ -266,20 +273,25 @@ def _with_descriptions(kb: KnowledgeBase, described: KnowledgeBase) -> Knowledge
 
 def updated_kb(
     base: KnowledgeBase, replay: list[Rollout], config: RunConfig
-) -> tuple[KnowledgeBase, list[KbUpdate], list[str]]:
+) -> tuple[KnowledgeBase, list[KbUpdate], list[str], int]:
     """One new version from `base`: the numeric update, and with a model the textual one (its gap analysis
-    reads the expectations the rollouts were drawn with), both under kb_version + 1."""
+    reads the expectations the rollouts were drawn with), both under kb_version + 1; and the gap calls' tokens."""
     numeric, updates = knowledge.numeric_update(base, replay)
     if not config.llm.model or not updates:
-        return numeric, updates, []
+        return numeric, updates, [], 0
+    spent = [0]
+
+    def ask(messages: list[dict[str, str]]) -> str:
+        reply = chat(config.llm, messages, config.cache_dir)
+        spent[0] += reply.tokens_in + reply.tokens_out
+        return reply.text
+
     try:
-        described, rewrites, notes = knowledge.textual_update(
-            base, replay, lambda messages: chat(config.llm, messages, config.cache_dir).text
-        )
+        described, rewrites, notes = knowledge.textual_update(base, replay, ask)
     except EndpointError as exc:
-        return numeric, updates, [f"textual update skipped: {exc}"]
+        return numeric, updates, [f"textual update skipped: {exc}"], spent[0]
     rewrites = [replace(u, kb_version=numeric.kb_version) for u in rewrites]
-    return _with_descriptions(numeric, described), updates + rewrites, notes
+    return _with_descriptions(numeric, described), updates + rewrites, notes, spent[0]
 
 
 def save_update(kb: KnowledgeBase, replay: list[Rollout], config: RunConfig) -> KbStep:
@@ -294,14 +306,14 @@ def save_update(kb: KnowledgeBase, replay: list[Rollout], config: RunConfig) -> 
         discovered = [state for state in kb.states if base.state(state.name) is None]
         for state in discovered:
             base = knowledge.with_state(base, state)
-        new_kb, updates, notes = updated_kb(base, replay, config)
+        new_kb, updates, notes, tokens = updated_kb(base, replay, config)
         updates += [discovery_update(state, new_kb.kb_version) for state in discovered]
         try:
             path = knowledge.save_version(new_kb, kb_dir)
         except FileExistsError:
             time.sleep(0.1)
             continue
-        return KbStep(new_kb, str(path), tuple(updates), tuple(notes))
+        return KbStep(new_kb, str(path), tuple(updates), tuple(notes), tokens)
     raise RuntimeError(f"{kb_dir}: could not save a new knowledge-base version in {SAVE_TRIES} tries")
 
 
@@ -339,10 +351,24 @@ def _update_key(_context: Any, parameters: dict[str, Any]) -> str:
     retry_condition_fn=retry_on_endpoint,
 )
 def kb_update_task(
-    kb: KnowledgeBase, replay: list[Rollout], config: RunConfig, run_id: str, problem_id: str, step: int
+    kb: KnowledgeBase,
+    replay: list[Rollout],
+    config: RunConfig,
+    run_id: str,
+    problem_id: str,
+    step: int,
+    choice: StateChoice | None = None,
 ) -> KbStep:
-    """Save the updated knowledge base and append its rows to `kb_updates`; the saved step."""
+    """Save the updated knowledge base and append its rows to `kb_updates`, with a model one more row
+    holding the step's model tokens (its state call, `choice`, and its gap analysis); the saved step."""
     saved = save_update(kb, replay, config)
+    if config.llm.model:
+        state_tokens = choice.tokens if choice else 0
+        why = f"model tokens of step {step}: state {state_tokens}, gap analysis {saved.tokens}"
+        ids = tuple(r.attempt_id for r in replay)
+        state = choice.state if choice else ""
+        spent = KbUpdate(saved.kb.kb_version, state, "", None, None, why, ids, tokens=state_tokens + saved.tokens)
+        saved = replace(saved, updates=(*saved.updates, spent))
     if rows := kb_update_rows(saved, run_id, problem_id):
         append_rows(config.results_dir, "kb_updates", rows, run_id=run_id)
     return saved

@@ -140,6 +140,10 @@ def test_what_one_problem_learns_is_shown_to_the_next_problems_rollouts(prefect_
     assert set(updates.loc[updates["problem_id"] == "1_gelu", "rationale"]) >= {"the same kernel again"}
 
     assert (summary["kb_version_start"], summary["kb_version_end"]) == (1, 3)
+    # the KB agents' own tokens (state and gap calls), one accounting row per problem's step
+    spent = updates[updates["technique"] == ""]
+    assert sorted(spent["problem_id"]) == ["1_gelu", "1_relu"] and (spent["tokens"] > 0).all()
+    assert updates.loc[updates["technique"] != "", "tokens"].isna().all()
     assert set(summary["tokens"]) == {"1_gelu", "1_relu"} and all(n > 0 for n in summary["tokens"].values())
 
 

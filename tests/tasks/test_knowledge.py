@@ -241,6 +241,7 @@ def test_the_textual_update_rewrites_the_description_through_a_real_endpoint(tmp
             "measured_gain": 1.02,
             "rationale": REWRITE["explanation"],
             "attempt_ids": ["a1"],
+            "tokens": None,  # tokens are on the step's accounting row (tasks/optimize.py)
         }
     ]
     assert "description rewritten" in diff(SEED, new_kb)
