@@ -31,24 +31,26 @@ def stages(problem: str, candidate: str, config) -> dict:
     return {**result, "stage": "time"}
 
 
-def test_row12_a_forged_clock_behind_a_blinded_guard_gains_nothing(config):
-    """The harness clock in the worker is replaced by one that runs 100x slow, and the guard that
-    would notice is replaced by one that never does (what C++ running Python can do after the guard
-    has looked): the claims are 100x too small, the orchestrator's clock is not."""
+@pytest.mark.parametrize("slow", [100, 2], ids=["100x", "half-speed"])
+def test_row12_a_forged_clock_behind_a_blinded_guard_gains_nothing(config, slow):
+    """The harness clock in the worker is replaced by one that runs `slow` times slow, and the guard
+    that would notice is replaced by one that never does (what C++ running Python can do after the
+    guard has looked): the claims are that much too small, the orchestrator's clock is not. The
+    half-speed clock is the modest forgery that a pairs' test over this config's few calls missed."""
     forged = kernel_candidate(
         SLOW_RELU_BODY + "\nreturn y",
-        prelude="""
+        prelude=f"""
         import sys, time
         session = sys.modules["tasks.harness.session"]
         _real = time.perf_counter
-        session._clock = lambda: _real() / 100
+        session._clock = lambda: _real() / {slow}
         sys.modules["tasks.harness.guard"].patched = lambda bindings: []
         """,
     )
     honest = stages(RELU, SLOW_RELU, config)
     cheat = stages(RELU, forged, config)
     assert honest["outcome"] == cheat["outcome"] == "correct", (honest, cheat)
-    assert cheat["claimed_ms"] < honest["runtime_ms"] / 20, cheat  # the claims really are forged
+    assert cheat["claimed_ms"] < honest["runtime_ms"] / (20 if slow == 100 else 1.2), cheat  # really forged
     assert cheat["timing_source"] in ("observed", "cpu"), cheat  # a floor of the orchestrator's, not the claims
     # not below the honest kernel's CPU time over the worker's threads, which a busy machine does not move
     assert cheat["runtime_ms"] > 0.8 * honest["cpu_floor_ms"], (cheat, honest)
