@@ -22,9 +22,10 @@ from kforge.compact import compact_before
 from kforge.config import RunConfig
 from kforge.progress import start as start_progress
 from tasks import knowledge
-from tasks.isolate import STOPPING, stop_workers
+from tasks.isolate import STOPPING, resume_workers, stop_workers
 from tasks.optimize import kb_dir_of
 from tasks.problems import Problem, RejectedFile, load_suite
+from tasks.profile import forget_ncu_failures
 from tasks.publish import publish_task
 from tasks.record import host_facts, record_run_task, run_row
 
@@ -107,6 +108,8 @@ def run_suite(config: RunConfig) -> dict[str, Any] | State:
     run_id = str(flow_run.get_id() or uuid.uuid4())
     if config.base_seed is None:
         config = config.model_copy(update={"base_seed": seed_from(run_id)})
+    resume_workers()  # an earlier run of this process may have been stopped (Ctrl-C in a notebook)
+    forget_ncu_failures()  # "for the rest of the run", not of the process
     started_at, facts = datetime.now(timezone.utc), host_facts()
     problems, rejected = load_suite_task(config.suite)
     logger.info("run %s: %d problems from %s, backend %s", run_id, len(problems), config.suite, config.backend)

@@ -95,6 +95,11 @@ def stop_workers() -> None:
             os.killpg(process.pid, signal.SIGKILL)
 
 
+def resume_workers() -> None:
+    """A new run in this process (a notebook after Ctrl-C, a long-lived Prefect process): workers start again."""
+    _stopping.clear()
+
+
 def check_stopping() -> None:
     """Raise `Stopping` once stop_workers() ran: a result that came back then is the kill's, not the candidate's."""
     if _stopping.is_set():

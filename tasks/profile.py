@@ -41,6 +41,13 @@ NCU_SLOWDOWN = 10  # ncu's replays make a worker's CPU time this many times long
 # Why ncu gave nothing in this process, by ncu path: a timeout or refusal is not retried on every
 # problem (a 9-problem smoke run on an H200 once waited on a candidate's ncu worker for minutes).
 _ncu_given_up: dict[str, str] = {}
+
+
+def forget_ncu_failures() -> None:
+    """A new run tries ncu again (the host's permissions or the candidates may differ now)."""
+    _ncu_given_up.clear()
+
+
 TORCH_METRICS = (("self_time_us", "us"), ("total_time_us", "us"), ("calls", ""))
 _log = logging.getLogger(__name__)
 

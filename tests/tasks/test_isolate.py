@@ -63,3 +63,15 @@ def test_candidates_have_no_network(config):
     if not result.get("network_isolated"):
         pytest.skip("this host allows no network namespaces (unshare needs root or user namespaces)")
     assert result["outcome"] == "correct", result
+
+
+def test_a_stopped_process_starts_workers_again_for_its_next_run(tmp_path):
+    from tasks import isolate
+
+    isolate.stop_workers()
+    try:
+        with pytest.raises(isolate.Stopping):
+            isolate.check_stopping()
+    finally:
+        isolate.resume_workers()
+    isolate.check_stopping()  # raises nothing: a new run may start workers

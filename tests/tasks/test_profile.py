@@ -177,3 +177,6 @@ def test_ncu_that_times_out_is_given_up_for_the_rest_of_the_run(config, monkeypa
     assert first["warning"].endswith("ncu wrote nothing")  # how far ncu got, for a diagnosis
     second = profile.profile_in_worker(PROBLEM_SOURCE, CANDIDATE_SOURCE, quick)
     assert second["tool"] == "torch.profiler" and second["warning"].endswith("(earlier in this run)")
+    profile.forget_ncu_failures()  # what run_suite does when the next run starts
+    third = profile.profile_in_worker(PROBLEM_SOURCE, CANDIDATE_SOURCE, quick)
+    assert "timeout" in third["warning"] and "earlier in this run" not in third["warning"]
