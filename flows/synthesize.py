@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,10 @@ from tasks import knowledge
 from tasks.analyze import analyze_task, failed_analysis, profile_for_analysis, wants_analysis, with_analysis
 from tasks.compile import compile_task
 from tasks.distill import distil
+from tasks.drive import device_admission
 from tasks.generate import GenerationRequest, backoff_delays, failed_generation, generate_task
 from tasks.measure import baseline_task, time_task
+from tasks.memory import gib
 from tasks.optimize import (
     as_rollout_row,
     best_correct,
@@ -75,6 +78,25 @@ def _model_task(model_task, config: RunConfig, problem: Problem, iteration: int)
 @flow(name="synthesize-problem", flow_run_name="{problem.problem_id}")
 def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list[dict[str, Any]]:
     """All attempts for one problem: the single-shot one, then `config.iterations` refinements."""
+    with contextlib.ExitStack() as admission:  # the device's memory, from the baseline to the end
+        return _synthesize(problem, config, run_id, admission)
+
+
+def _admit(problem: Problem, config: RunConfig, admission: contextlib.ExitStack) -> None:
+    def waiting(reserved: int, holders: int) -> None:
+        get_run_logger().info(
+            "%s waits for device memory: %d problems in flight hold %s of the plan's budget",
+            problem.problem_id,
+            holders,
+            gib(reserved),
+        )
+
+    admission.enter_context(device_admission(problem.source, config, waiting))
+
+
+def _synthesize(
+    problem: Problem, config: RunConfig, run_id: str, admission: contextlib.ExitStack
+) -> list[dict[str, Any]]:
     baseline: dict[str, Any] = {}  # measured once the agent has produced a candidate
     rows: list[dict[str, Any]] = []
     previous_source, feedback, recommendation = None, None, None
@@ -89,6 +111,8 @@ def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list
         stage_results = {}
         if reply.candidate_source:
             first_baseline = not baseline
+            if first_baseline:
+                _admit(problem, config, admission)
             baseline = baseline or baseline_task(problem, config)
             if reason := broken_reference(problem.problem_id, baseline):
                 get_run_logger().error(reason)

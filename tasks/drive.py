@@ -874,6 +874,27 @@ def memory_plan(problem_source: str, config: RunConfig) -> Any:
     return memory.plan(runtime.input_bytes, runtime.output_bytes, parameters, budget, config.paired_reference)
 
 
+@contextlib.contextmanager
+def device_admission(problem_source: str, config: RunConfig, on_wait: Any = None) -> Iterator[Any]:
+    """The problem's planned device bytes held while the block runs (tasks/slots.py `admitted`), so
+    problems in flight together fit the device; yields the plan (None, admitting at once, on the cpu
+    or where the reference fails)."""
+    from tasks import memory
+
+    plan = memory_plan(problem_source, config)
+    if plan is None:
+        yield None
+        return
+    import torch
+
+    from tasks.harness import modules
+
+    device = torch.device(modules.BACKEND_DEVICES[config.backend], 0)
+    budget = memory.admission_budget(device, config.device_memory_fraction) or plan.stage_bytes
+    with slots.admitted(plan.stage_bytes, budget, on_wait):
+        yield plan
+
+
 def _to_host(output: Any) -> Any:
     if isinstance(output, (tuple, list)):
         return type(output)(t.to("cpu") for t in output)

@@ -86,6 +86,17 @@ def device_budget(device: Any, fraction: float) -> int | None:
     return int(free * fraction)
 
 
+def admission_budget(device: Any, fraction: float) -> int | None:
+    """`fraction` of the device's whole memory: what the problems in flight may plan for together
+    (None on the cpu). The whole, not the free memory: the problems' own stages use the rest."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return None
+    import torch
+
+    _free, total = torch.cuda.mem_get_info(device)
+    return int(total * fraction)
+
+
 def parameter_bytes(model: Any) -> int:
     tensors = list(model.parameters()) + list(model.buffers())
     return sum(t.numel() * t.element_size() for t in tensors)

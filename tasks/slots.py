@@ -7,6 +7,12 @@ compiles and checks of other problems may overlap one another (one lock for ever
 make parallel problems sequential again, and worker start-up and g++ are most of a problem's wall
 time).
 
+Problems are admitted to the device by their planned memory (`admitted`): a problem reserves the
+peak its timing stage plans for (tasks/memory.py) from its first stage on the device to its end, and
+waits, first come first served, until that fits beside the problems in flight; one that would not
+fit any company runs alone. So a 6 GB-per-tensor KernelBench problem runs beside small ones, not
+beside three of its kind.
+
 A stage that ran out of device memory is retried alone on the host (`alone_on_host`): every other
 stage of this process, compiles included (they build models on the GPU too), finishes first and new
 ones wait, so the retry meets only its own memory.
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,3 +112,54 @@ def _gpu_stage(on_device: bool) -> Iterator[None]:
         if on_device:
             held.enter_context(_gpu_slot)
         yield
+
+
+class ByteBudget:
+    """Reservations of device bytes against a budget, granted in the order asked; a reservation
+    larger than the budget is granted when nothing else is reserved."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._reserved = 0
+        self._holders = 0
+        self._queue: deque[object] = deque()
+
+    def reserved(self) -> tuple[int, int]:
+        """(bytes reserved, reservations held) now."""
+        with self._changed:
+            return self._reserved, self._holders
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int, budget: int, on_wait: Any = None) -> Iterator[None]:
+        """Hold `nbytes` of `budget` while the block runs; `on_wait(reserved, holders)` is called once
+        if the reservation has to wait."""
+        ticket = object()
+        with self._changed:
+            self._queue.append(ticket)
+
+            def granted() -> bool:
+                fits = self._holders == 0 or self._reserved + nbytes <= budget
+                return self._queue[0] is ticket and fits
+
+            if not granted() and on_wait is not None:
+                on_wait(self._reserved, self._holders)
+            self._changed.wait_for(granted)
+            self._queue.popleft()
+            self._reserved += nbytes
+            self._holders += 1
+            self._changed.notify_all()  # the next in line may fit too
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._reserved -= nbytes
+                self._holders -= 1
+                self._changed.notify_all()
+
+
+_device_memory = ByteBudget()
+
+
+def admitted(nbytes: int, budget: int, on_wait: Any = None) -> Any:
+    """The device to a problem whose stages plan for `nbytes` at their peak, within this process's `budget`."""
+    return _device_memory.reserve(nbytes, budget, on_wait)

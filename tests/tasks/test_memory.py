@@ -148,3 +148,54 @@ def test_alone_on_the_host_waits_for_every_stage_and_holds_new_ones_back():
     for thread in (first, alone, later):
         thread.join(10)
     assert order == ["compile ends", "alone starts", "alone ends", "later stage"]
+
+
+def _admit_all(sizes: list[int], budget: int, hold_s: float = 0.15) -> tuple[list[int], list[int], list[str]]:
+    """Every size reserved from one ByteBudget by a thread of its own, started in order; returns the
+    bytes and reservations held at each grant and the order the reservations ended."""
+    import threading
+    import time
+
+    from tasks import slots
+
+    admission = slots.ByteBudget()
+    peaks, holders, ended, waited = [], [], [], []
+    lock = threading.Lock()
+
+    def problem(index: int, size: int) -> None:
+        with admission.reserve(size, budget, on_wait=lambda *_: waited.append(index)):
+            with lock:
+                reserved, held = admission.reserved()
+                peaks.append(reserved)
+                holders.append(held)
+            time.sleep(hold_s)
+        with lock:
+            ended.append(index)
+
+    threads = [threading.Thread(target=problem, args=(i, size)) for i, size in enumerate(sizes)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.02)  # in order: the queue is first come, first served
+    for thread in threads:
+        thread.join(timeout=30)
+    assert all(not t.is_alive() for t in threads)
+    return peaks, holders, [f"{i}" for i in ended] + [f"w{i}" for i in waited]
+
+
+def test_problems_are_admitted_to_the_device_by_their_planned_memory():
+    # KernelBench-like plans on a 100 GB budget: three 6.4 GB-per-tensor stages (40 GB each) and small ones
+    big, small = 40 * GB, 1 * GB
+    peaks, holders, order = _admit_all([big, big, big, small, small], budget=100 * GB)
+
+    assert max(peaks) <= 100 * GB  # never more planned at once than the budget
+    assert max(holders) >= 2  # but not one at a time either
+    assert "w2" in order and "w0" not in order  # the third big one waited for room
+
+
+def test_a_problem_planned_beyond_the_whole_budget_runs_alone_and_does_not_block_the_run():
+    peaks, holders, order = _admit_all([GB, 150 * GB, GB], budget=100 * GB)
+
+    assert sorted(i for i in order if not i.startswith("w")) == ["0", "1", "2"]
+    grant_of_big = peaks.index(150 * GB)
+    assert holders[grant_of_big] == 1  # alone on the device
+    assert order.index("0") < order.index("2")  # first come, first served: the last one waited its turn
