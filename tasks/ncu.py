@@ -28,6 +28,9 @@ SECTIONS = (
     "WarpStateStats",
     "ComputeWorkloadAnalysis",
 )
+# The details page of these sections names no stall reason on ncu 2025.3 (H200): asked for by name,
+# they come back in a section of their own, one ratio per reason (warps stalled per issued instruction).
+STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 HEADER_START = '"ID",'
 REFUSED = (
     "ncu may not read the GPU performance counters (ERR_NVGPUCTRPERM): load the nvidia module with "
@@ -64,6 +67,8 @@ def command(ncu: str, report_path: Path, launch_count: int) -> list[str]:
         "--page",
         "details",
         *sections,
+        "--metrics",
+        STALL_METRICS,
         "--clock-control",
         "none",
         "--profile-from-start",
