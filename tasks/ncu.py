@@ -59,7 +59,7 @@ def version(ncu: str) -> str:
 def command(ncu: str, report_path: Path, launch_count: int) -> list[str]:
     """The argv prefix that runs a worker under ncu: the sections above, at most `launch_count`
     kernels, only between the worker's cudaProfilerStart and Stop (its one profiled call), the
-    GPU's clocks left as they are, every process the worker starts followed, the CSV in `report_path`."""
+    GPU's clocks left as they are, the worker's process only, the CSV in `report_path`."""
     sections = [arg for name in SECTIONS for arg in ("--section", name)]
     return [
         ncu,
@@ -75,8 +75,10 @@ def command(ncu: str, report_path: Path, launch_count: int) -> list[str]:
         "off",
         "--launch-count",
         str(launch_count),
+        # Only the worker: followed into its children (`nvcc --version` at a candidate's import), ncu's
+        # injection spun at 100% CPU in the worker, which runs as a user of its own (H200, ncu 2025.3.1).
         "--target-processes",
-        "all",
+        "application-only",
         "--log-file",
         str(report_path),
     ]

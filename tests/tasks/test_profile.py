@@ -146,7 +146,7 @@ def test_ncu_command_profiles_only_the_marked_call():
     for section in ncu.SECTIONS:
         assert f"--section {section}" in joined
     assert "--profile-from-start off" in joined and "--launch-count 20" in joined and "--clock-control none" in joined
-    assert argv[-2:] == ["--log-file", "/ctl/report.csv"] and "--target-processes all" in joined
+    assert argv[-2:] == ["--log-file", "/ctl/report.csv"] and "--target-processes application-only" in joined
 
 
 def test_ncu_report_captured_on_an_h200_parses_per_launch():
