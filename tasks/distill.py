@@ -58,8 +58,11 @@ class Limiters(_Strict):
 
 
 class Stalls(_Strict):
-    section: str
+    section: str  # ncu 2025.3 puts the metrics asked for by name (tasks/ncu.py STALL_METRICS) in a section of their own
     metric_contains: str
+    name_prefix: str = ""  # cut from the metric's name for the model: "long_scoreboard", not smsp__...
+    name_suffix: str = ""
+    unit: str = ""
 
 
 class NcuSpec(_Strict):
@@ -249,7 +252,8 @@ def _ncu(rows: list[dict[str, Any]], spec: NcuSpec, runtime_ms: float | None, mi
     for name in stall_names:
         per_launch = {key: _first(launch, spec.stall_reasons.section, name) for key, launch in launches.items()}
         if (mean := _weighted(per_launch, weights)) is not None:
-            found.stalls.append((name, mean))
+            shown = name.removeprefix(spec.stall_reasons.name_prefix).removesuffix(spec.stall_reasons.name_suffix)
+            found.stalls.append((shown, mean))
     found.stalls.sort(key=lambda pair: -pair[1])
     if not stall_names:
         notes.append(f"no stall reasons in the profile (no '{spec.stall_reasons.section}' metric names a stall)")
@@ -354,7 +358,10 @@ def summary_text(distilled: Distilled, spec: MetricsSpec | None = None) -> str:
         lines.append(f"- occupancy limiter of the longest kernel: {distilled.limiter}")
     if distilled.stall_reasons:
         lines.append(
-            "- top stall reasons: " + ", ".join(f"{name} {value:.3g}" for name, value in distilled.stall_reasons)
+            "- top stall reasons"
+            + (f" ({spec.ncu.stall_reasons.unit})" if spec.ncu.stall_reasons.unit else "")
+            + ": "
+            + ", ".join(f"{name} {value:.3g}" for name, value in distilled.stall_reasons)
         )
     if distilled.dram_bytes is not None:
         moved = f"- DRAM traffic: {distilled.dram_bytes / 1e6:.4g} MB"

@@ -68,6 +68,23 @@ def test_the_limiter_stalls_and_dram_bytes(h200):
     assert h200.metrics["dram_bytes_ratio"] == pytest.approx(h200.dram_bytes / 32e6)
 
 
+def test_stall_reasons_asked_for_by_name_are_read_and_named_for_the_model():
+    # ncu 2025.3.1 on an H200 with kforge's command (tasks/ncu.py, STALL_METRICS included) around a
+    # relu kernel and torch.relu: the stall ratios come back in "Command line profiler metrics"
+    rows, _ = parse_details((REPORT.parent / "ncu_details_h200_stalls.csv").read_text(), 20)
+    rows = [{**r, "tool": "ncu", "tool_version": "2025.3.1.0"} for r in rows]
+    distilled = distill.distil({"runtime_ms": 0.05}, rows, min_bytes=32e6)
+
+    names = [name for name, _ in distilled.stall_reasons]
+    assert names[0] == "long_scoreboard"  # an elementwise kernel waits on global memory
+    assert len(names) == 3 and all("smsp__" not in n and "ratio" not in n for n in names)
+    values = [value for _, value in distilled.stall_reasons]
+    assert values == sorted(values, reverse=True) and values[0] > 5
+    text = distill.summary_text(distilled)
+    assert "top stall reasons (warps stalled per issued instruction): long_scoreboard" in text
+    assert not any("no stall reasons" in note for note in distilled.notes)
+
+
 def test_the_summary_is_a_few_lines_naming_what_matters(h200):
     text = distill.summary_text(h200)
     assert len(text.splitlines()) < 20
