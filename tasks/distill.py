@@ -63,6 +63,7 @@ class Stalls(_Strict):
     name_prefix: str = ""  # cut from the metric's name for the model: "long_scoreboard", not smsp__...
     name_suffix: str = ""
     unit: str = ""
+    not_stalls: list[str] = []  # "selected": the warp issuing, 1 per instruction by definition
 
 
 class NcuSpec(_Strict):
@@ -253,7 +254,8 @@ def _ncu(rows: list[dict[str, Any]], spec: NcuSpec, runtime_ms: float | None, mi
         per_launch = {key: _first(launch, spec.stall_reasons.section, name) for key, launch in launches.items()}
         if (mean := _weighted(per_launch, weights)) is not None:
             shown = name.removeprefix(spec.stall_reasons.name_prefix).removesuffix(spec.stall_reasons.name_suffix)
-            found.stalls.append((shown, mean))
+            if shown not in spec.stall_reasons.not_stalls:
+                found.stalls.append((shown, mean))
     found.stalls.sort(key=lambda pair: -pair[1])
     if not stall_names:
         notes.append(f"no stall reasons in the profile (no '{spec.stall_reasons.section}' metric names a stall)")

@@ -78,6 +78,7 @@ def test_stall_reasons_asked_for_by_name_are_read_and_named_for_the_model():
     names = [name for name, _ in distilled.stall_reasons]
     assert names[0] == "long_scoreboard"  # an elementwise kernel waits on global memory
     assert len(names) == 3 and all("smsp__" not in n and "ratio" not in n for n in names)
+    assert "selected" not in names  # the issuing warp, 1.0 per instruction: no stall
     values = [value for _, value in distilled.stall_reasons]
     assert values == sorted(values, reverse=True) and values[0] > 5
     text = distill.summary_text(distilled)
