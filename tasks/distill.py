@@ -426,7 +426,9 @@ def png_bytes(distilled: Distilled, spec: MetricsSpec | None = None) -> bytes:
     positions = list(range(len(kernels)))
     bars = share_axes.barh(positions, [100 * (k.share or 0.0) for k in kernels][::-1], color="tab:gray")
     share_axes.bar_label(bars, [f"{k.duration_us:.4g} us" if k.duration_us else "" for k in kernels][::-1], padding=3)
-    share_axes.set(yticks=positions, yticklabels=labels, xlim=(0, 100), xlabel="% of kernel time")
+    # room past 100% for the label of a kernel that takes nearly all the time (it ran into the next chart)
+    share_axes.set(yticks=positions, yticklabels=labels, xlim=(0, 130), xlabel="% of kernel time")
+    share_axes.set_xticks(range(0, 101, 20))
     share_axes.set_title("time per kernel")
     compute = [k.compute_pct or 0.0 for k in kernels][::-1]
     memory = [k.memory_pct or 0.0 for k in kernels][::-1]
@@ -435,7 +437,7 @@ def png_bytes(distilled: Distilled, spec: MetricsSpec | None = None) -> bytes:
     sol_axes.set(xlim=(0, 100), xlabel="% of peak")
     sol_axes.set_title("speed of light")
     if any(k.compute_pct is not None or k.memory_pct is not None for k in kernels):
-        sol_axes.legend(loc="lower right")
+        sol_axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over one
     else:
         sol_axes.text(50, (len(kernels) - 1) / 2, f"no counters ({distilled.tool or 'no profile'})", ha="center")
     figure.suptitle(f"{distilled.tool} {distilled.tool_version}".strip() or "no profile")
