@@ -67,7 +67,8 @@ class RunConfig(BaseModel):
         0.8,
         gt=0,
         le=1,
-        description="Share of the free GPU memory one problem's checks plan for (tasks/memory.py)",
+        description="Share of the free GPU memory one problem's checks plan for, and of the whole GPU memory "
+        "the problems in flight may plan for together (tasks/memory.py, tasks/slots.py)",
     )
     paired_reference: bool = Field(
         True,
