@@ -28,6 +28,7 @@ from tasks.problems import Problem, RejectedFile, load_suite
 from tasks.profile import forget_ncu_failures
 from tasks.publish import publish_task
 from tasks.record import host_facts, record_run_task, run_row
+from tasks.trusted import warm_profiler
 
 
 class SuiteFailed(Exception):
@@ -110,6 +111,7 @@ def run_suite(config: RunConfig) -> dict[str, Any] | State:
         config = config.model_copy(update={"base_seed": seed_from(run_id)})
     resume_workers()  # an earlier run of this process may have been stopped (Ctrl-C in a notebook)
     forget_ncu_failures()  # "for the rest of the run", not of the process
+    warm_profiler()  # here, on the thread that runs the flow, before the problems' threads record references
     started_at, facts = datetime.now(timezone.utc), host_facts()
     problems, rejected = load_suite_task(config.suite)
     logger.info("run %s: %d problems from %s, backend %s", run_id, len(problems), config.suite, config.backend)

@@ -48,6 +48,16 @@ class ProblemRuntime:
     lock: threading.Lock
 
 
+def warm_profiler() -> None:
+    """Start and stop the torch profiler once on this thread. libkineto wants its first start on
+    the thread that imported torch; the first reference recorded from a flow's worker thread
+    otherwise printed "ERROR: External init callback must run in same thread as registerClient"."""
+    from torch.autograd.profiler import profile
+
+    with _profiler_lock, profile(use_kineto=True):
+        pass
+
+
 def new_seed() -> int:
     return secrets.randbits(62)
 
