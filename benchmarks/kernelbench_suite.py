@@ -2,7 +2,7 @@
 as its own candidate: speedups should be 1.00), the problems unchanged from a KernelBench checkout.
 
     python benchmarks/kernelbench_suite.py [--kernelbench ../shared/kernelbench] [--levels 1,2,3]
-        [--slice 0:50] [--backend cuda] [--rerun] [--parallel-problems N] [--timeout S] [--out DIR]
+        [--slice 0:50] [--backend cuda] [--rerun] [--parallel-problems N] [--timeout S] [--out DIR] [--trace]
 
 For each level, the selected files (sorted by KernelBench's problem number; `--slice` picks a range
 of them, so a device call can take a part) are linked into a suite folder `level<N>` and run with
@@ -33,6 +33,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT))
 
 from kforge import results  # noqa: E402
+from tasks import trace  # noqa: E402
 
 
 def problem_number(path: Path) -> int:
@@ -52,7 +53,9 @@ def make_suite(kernelbench: Path, level: int, selection: slice, where: Path) -> 
     return suite
 
 
-def run_cli(suite: Path, args: argparse.Namespace, results_dir: Path, cache_dir: Path) -> tuple[float, int, str]:
+def run_cli(
+    suite: Path, args: argparse.Namespace, results_dir: Path, cache_dir: Path, trace_path: Path | None = None
+) -> tuple[float, int, str]:
     command = [sys.executable, "-m", "kforge.cli", "run", "--agent", "identity", "--iterations", "0"]
     command += [
         "--suite",
@@ -68,9 +71,16 @@ def run_cli(suite: Path, args: argparse.Namespace, results_dir: Path, cache_dir:
         command += ["--parallel-problems", str(args.parallel_problems)]
     if args.no_torch_compile:
         command += ["--no-torch-compile"]
+    env = dict(os.environ, **({trace.TRACE_ENV: str(trace_path)} if trace_path else {}))
     start = time.perf_counter()
     process = subprocess.Popen(
-        command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        command,
+        cwd=PROJECT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=env,
     )
     try:
         log, _ = process.communicate(timeout=args.timeout)
@@ -147,6 +157,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=None, help="stop each run after this many seconds")
     parser.add_argument("--rerun", action="store_true", help="run again over the same cache, side by side")
     parser.add_argument("--out", default=None, help="keep results and cache here (default: a temporary folder)")
+    parser.add_argument(
+        "--trace", action="store_true", help="trace each run (tasks/trace.py) and print where its wall time went"
+    )
     args = parser.parse_args()
     start, _, stop = args.slice.partition(":")
     selection = slice(int(start) if start else None, int(stop) if stop else None)
@@ -159,9 +172,13 @@ def main() -> int:
         cache = where / "cache"
         for label in ["first run", "rerun"] if args.rerun else ["first run"]:
             results_dir = where / "results" / f"{level}-{label.replace(' ', '_')}"
-            wall_s, returncode, log = run_cli(suite, args, results_dir, cache)
-            (where / f"log-{level}-{label.replace(' ', '_')}.txt").write_text(log)
+            name = f"{level}-{label.replace(' ', '_')}"
+            trace_path = where / f"trace-{name}.jsonl" if args.trace else None
+            wall_s, returncode, log = run_cli(suite, args, results_dir, cache, trace_path)
+            (where / f"log-{name}.txt").write_text(log)
             lines.append({"level": level, **report(label, suite, results_dir, wall_s, returncode, log)})
+            if trace_path and trace_path.exists():
+                print(f"where the wall time went ({trace_path}):\n{trace.summary(trace.read(trace_path), wall_s)}")
     print("\nlevel  run        problems judged correct  within+-2%  median   wall s  per GPU-hour")
     for line in lines:
         print(

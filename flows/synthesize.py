@@ -9,7 +9,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from kforge.config import RunConfig
-from tasks import knowledge
+from tasks import knowledge, trace
 from tasks.analyze import analyze_task, failed_analysis, profile_for_analysis, wants_analysis, with_analysis
 from tasks.compile import compile_task
 from tasks.distill import distil
@@ -78,8 +78,9 @@ def _model_task(model_task, config: RunConfig, problem: Problem, iteration: int)
 @flow(name="synthesize-problem", flow_run_name="{problem.problem_id}")
 def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list[dict[str, Any]]:
     """All attempts for one problem: the single-shot one, then `config.iterations` refinements."""
-    with contextlib.ExitStack() as admission:  # the device's memory, from the baseline to the end
-        return _synthesize(problem, config, run_id, admission)
+    with trace.for_problem(problem.problem_id), trace.span("problem"):
+        with contextlib.ExitStack() as admission:  # the device's memory, from the baseline to the end
+            return _synthesize(problem, config, run_id, admission)
 
 
 def _admit(problem: Problem, config: RunConfig, admission: contextlib.ExitStack) -> None:
@@ -92,7 +93,8 @@ def _admit(problem: Problem, config: RunConfig, admission: contextlib.ExitStack)
         )
 
     try:
-        admission.enter_context(device_admission(problem.source, config, waiting))
+        with trace.span("admission"):
+            admission.enter_context(device_admission(problem.source, config, waiting))
     except Exception as exc:  # planning runs the reference; its failure is the baseline stage's to report
         get_run_logger().warning("%s runs without a memory plan: %s", problem.problem_id, str(exc)[:300])
 

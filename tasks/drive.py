@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from kforge.config import RunConfig
-from tasks import slots, trusted
+from tasks import slots, trace, trusted
 from tasks.channel import Conversation, WorkerEnded, conversation
 from tasks.harness.protocol import WorkerRequest, failure
 from tasks.isolate import Limits, process_tree
@@ -181,13 +181,15 @@ def _session(
     kernel_cache = Path(config.cache_dir) / "kernels"
     with conversation(request, _limits(stage, config), kernel_cache, config.threads, pool, stage) as talk:
         try:
-            runtime = trusted.runtime_for(problem_source, config.backend, request.size_preset, request.init_seed)
+            with trace.span("runtime", mode=stage):
+                runtime = trusted.runtime_for(problem_source, config.backend, request.size_preset, request.init_seed)
         except trusted.ReferenceFailed as exc:
             raise _failure("runtime_error", "reference_failed", str(exc)) from None
         started = time.perf_counter()
         ahead = _inputs_ahead(runtime, calls_ahead)
         made = time.perf_counter()
-        ready = talk.receive()
+        with trace.span("worker-ready", mode=stage):
+            ready = talk.receive()
         if "outcome" in ready:
             raise Stop(_claimed_failure(ready))
         buffers = _attach(talk, runtime)
@@ -454,6 +456,7 @@ def _run_stage(
     started = time.perf_counter()
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(trace.span("stage", mode=stage))
             session = stack.enter_context(_session(stage, problem_source, candidate_source, config, calls_ahead))
             session.samples_on_host = bool(plan and plan.samples_on_host)
             if paired:

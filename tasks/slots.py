@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
+
+from tasks import trace
 
 TIMING_MODES = ("time", "baseline")
 PAIRED_MODE = "paired"
@@ -90,9 +93,22 @@ def alone_on_host(backend: str) -> Iterator[None]:
             _alone_here.held = False
 
 
-def device_slot(backend: str, mode: str) -> Any:
+@contextlib.contextmanager
+def device_slot(backend: str, mode: str) -> Iterator[None]:
     """The slot a `mode` stage of `backend` holds while its worker runs: the GPU, or the CPU cores.
-    `paired`: the reference worker timed beside a candidate, inside the time stage's slot."""
+    `paired`: the reference worker timed beside a candidate, inside the time stage's slot. Traced as
+    `slot-wait` and `slot` spans (tasks/trace.py)."""
+    asked = time.time()
+    with _slot(backend, mode):
+        got = time.time()
+        trace.record("slot-wait", asked, got - asked, mode=mode)
+        try:
+            yield
+        finally:
+            trace.record("slot", got, time.time() - got, mode=mode)
+
+
+def _slot(backend: str, mode: str) -> Any:
     if mode == PAIRED_MODE:
         return contextlib.nullcontext()
     if backend == "cpu":
