@@ -54,6 +54,7 @@ from tasks.pool import worker_pool
 
 ECHO_CALLS = 5  # empty calls before the first timed calls; then one before about one in ECHO_SHARE
 ECHO_SHARE = 8
+SLOW_CALL_S = 0.5  # a call's round trip past this is traced (tasks/trace.py)
 JUDGED_TIMED_CALLS = 2  # besides the last one
 RECORDED_TIMED_SHARE = 10  # one timed call in this many also records its dispatched ops
 BUSY_SHARE = 0.25  # of the time between calls, summed over the session ...
@@ -169,20 +170,31 @@ def _request(mode: str, problem_source: str, candidate_source: str | None, confi
 
 @contextlib.contextmanager
 def _session(
-    stage: str, problem_source: str, candidate_source: str | None, config: RunConfig, calls_ahead: int = 0
+    stage: str,
+    problem_source: str,
+    candidate_source: str | None,
+    config: RunConfig,
+    calls_ahead: int = 0,
+    hold_slot: bool = True,
 ) -> Iterator[Session]:
     """A started session worker with its buffers attached; Stop with the outcome when the problem,
     the worker or its set-up fails. On the cpu the inputs of the first `calls_ahead` calls are made
     while the worker starts (at most INPUTS_AHEAD_BYTES of them): this process would only wait.
-    Stage `paired`: the reference, timed beside a candidate in the time stage's device slot."""
+    Stage `paired`: the reference, timed beside a candidate in the time stage's device slot. With
+    `hold_slot` False the worker starts and sets up outside the GPU slot (the caller takes it)."""
     model = "reference" if stage in ("baseline", "paired") else "candidate"
     request = _request("session", problem_source, candidate_source, config, model)
     pool = worker_pool(config.effective_worker_pool())
     kernel_cache = Path(config.cache_dir) / "kernels"
-    with conversation(request, _limits(stage, config), kernel_cache, config.threads, pool, stage) as talk:
+    limits = _limits(stage, config)
+    with conversation(request, limits, kernel_cache, config.threads, pool, stage, hold_slot) as talk:
+        key = (problem_source, config.backend, request.size_preset, request.init_seed)
         try:
             with trace.span("runtime", mode=stage):
-                runtime = trusted.runtime_for(problem_source, config.backend, request.size_preset, request.init_seed)
+                runtime = trusted.kept_runtime(*key)
+                if runtime is None:  # building it runs the reference: on the GPU, inside the slot
+                    with contextlib.nullcontext() if hold_slot else slots.gpu_slot(config.backend, "verify"):
+                        runtime = trusted.runtime_for(*key)
         except trusted.ReferenceFailed as exc:
             raise _failure("runtime_error", "reference_failed", str(exc)) from None
         started = time.perf_counter()
@@ -377,6 +389,8 @@ def _call(
     if record and not (isinstance(ops, list) and all(isinstance(op, str) for op in ops)):
         raise _failure("integrity_violation", "malformed_reply", "a recorded call reported no op list")
     session._previous = Call(seed, float(claimed), (ended - started) * 1000, ops, inputs, echo=echo)
+    if ended - started > SLOW_CALL_S:
+        trace.record("slow-call", time.time(), ended - started, claimed_ms=float(claimed), echo=echo)
     return session._previous
 
 
@@ -453,19 +467,33 @@ def _run_stage(
     stopped it). The device running out of memory in this process is `harness_out_of_memory`."""
     from tasks import memory
 
+    # On a GPU the workers start, import and build their models before the stage takes the GPU
+    # slot: that is CPU work, and inside the slot it kept the GPU idle for half of its held time
+    # (KernelBench level 1 on an H200, tasks/trace.py). On the cpu the cores are the slot throughout.
+    early = config.backend in ("cuda", "triton")
     started = time.perf_counter()
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(trace.span("stage", mode=stage))
-            session = stack.enter_context(_session(stage, problem_source, candidate_source, config, calls_ahead))
+            session = stack.enter_context(
+                _session(stage, problem_source, candidate_source, config, calls_ahead, hold_slot=not early)
+            )
             session.samples_on_host = bool(plan and plan.samples_on_host)
+            sessions = [session]
             if paired:
                 # the partner gets its candidate's inputs (`_timed_calls`): none made ahead for it
-                partner = stack.enter_context(_session("paired", problem_source, None, config))
-                result = body(session, partner)
-            else:
-                result = body(session)
+                sessions.append(stack.enter_context(_session("paired", problem_source, None, config, hold_slot=False)))
+            if early:
+                with contextlib.ExitStack() as clocks:
+                    for waiting in sessions:
+                        clocks.enter_context(waiting.talk.clock_stopped())
+                    stack.enter_context(slots.gpu_slot(config.backend, stage))
+            result = body(*sessions)
             result["check_s"] = dict(session.check_s)
+            # what the stage's time in the slot went to: the checks by kind, and its calls
+            trace.record("stage-checks", time.time(), sum(session.check_s.values()), mode=stage, calls=session.calls)
+            for kind, seconds in session.check_s.items():
+                trace.record(f"check {kind}", time.time(), seconds, mode=stage)
             isolation = session.isolation
     except Stop as stop:
         result = stop.outcome
@@ -860,12 +888,13 @@ def memory_plan(problem_source: str, config: RunConfig) -> Any:
 
     if config.backend == "cpu":
         return None
+    key = (problem_source, config.backend, config.effective_size_preset(), config.seeds("init", 1)[0])
     try:
-        # inside the GPU slot: building the runtime runs the reference, beside no one's timing
-        with slots.device_slot(config.backend, "verify"):
-            runtime = trusted.runtime_for(
-                problem_source, config.backend, config.effective_size_preset(), config.seeds("init", 1)[0]
-            )
+        runtime = trusted.kept_runtime(*key)
+        if runtime is None:
+            # inside the GPU slot: building the runtime runs the reference, beside no one's timing
+            with slots.device_slot(config.backend, "verify"):
+                runtime = trusted.runtime_for(*key)
     except trusted.ReferenceFailed:
         return None
     except Exception as exc:

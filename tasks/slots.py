@@ -93,41 +93,60 @@ def alone_on_host(backend: str) -> Iterator[None]:
             _alone_here.held = False
 
 
-@contextlib.contextmanager
-def device_slot(backend: str, mode: str) -> Iterator[None]:
+def device_slot(backend: str, mode: str) -> Any:
     """The slot a `mode` stage of `backend` holds while its worker runs: the GPU, or the CPU cores.
     `paired`: the reference worker timed beside a candidate, inside the time stage's slot. Traced as
     `slot-wait` and `slot` spans (tasks/trace.py)."""
+    if mode == PAIRED_MODE:
+        return contextlib.nullcontext()
+    if backend == "cpu":
+        if holding_alone():
+            return contextlib.nullcontext()
+        return _traced(_cpu_cores.alone() if mode in TIMING_MODES else _cpu_cores.shared(), mode)
+    if backend not in ("cuda", "triton"):
+        return contextlib.nullcontext()
+    return _gpu_stage(mode in GPU_MODES, mode)
+
+
+def host_share(backend: str, mode: str) -> Any:
+    """What a `mode` stage holds while its worker starts and sets up, before `gpu_slot`: its share
+    of a GPU host (so a retry alone on the host waits for it). On the cpu, where the cores are the
+    slot, the slot itself."""
+    if backend == "cpu":
+        return device_slot(backend, mode)
+    if mode == PAIRED_MODE or backend not in ("cuda", "triton"):
+        return contextlib.nullcontext()
+    return _gpu_stage(False, mode)
+
+
+def gpu_slot(backend: str, mode: str) -> Any:
+    """The GPU itself, for a `mode` stage that holds its `host_share` already (nothing on the cpu,
+    whose `host_share` is the slot)."""
+    if mode == PAIRED_MODE or backend not in ("cuda", "triton") or mode not in GPU_MODES:
+        return contextlib.nullcontext()
+    return _traced(_gpu_slot, mode)
+
+
+@contextlib.contextmanager
+def _gpu_stage(on_device: bool, mode: str) -> Iterator[None]:
+    with contextlib.ExitStack() as held:
+        if not holding_alone():
+            held.enter_context(_gpu_host.shared())
+        if on_device:
+            held.enter_context(_traced(_gpu_slot, mode))
+        yield
+
+
+@contextlib.contextmanager
+def _traced(slot: Any, mode: str) -> Iterator[None]:
     asked = time.time()
-    with _slot(backend, mode):
+    with slot:
         got = time.time()
         trace.record("slot-wait", asked, got - asked, mode=mode)
         try:
             yield
         finally:
             trace.record("slot", got, time.time() - got, mode=mode)
-
-
-def _slot(backend: str, mode: str) -> Any:
-    if mode == PAIRED_MODE:
-        return contextlib.nullcontext()
-    if backend == "cpu":
-        if holding_alone():
-            return contextlib.nullcontext()
-        return _cpu_cores.alone() if mode in TIMING_MODES else _cpu_cores.shared()
-    if backend not in ("cuda", "triton"):
-        return contextlib.nullcontext()
-    return _gpu_stage(mode in GPU_MODES)
-
-
-@contextlib.contextmanager
-def _gpu_stage(on_device: bool) -> Iterator[None]:
-    with contextlib.ExitStack() as held:
-        if not holding_alone():
-            held.enter_context(_gpu_host.shared())
-        if on_device:
-            held.enter_context(_gpu_slot)
-        yield
 
 
 class ByteBudget:

@@ -199,3 +199,46 @@ def test_a_problem_planned_beyond_the_whole_budget_runs_alone_and_does_not_block
     grant_of_big = peaks.index(150 * GB)
     assert holders[grant_of_big] == 1  # alone on the device
     assert order.index("0") < order.index("2")  # first come, first served: the last one waited its turn
+
+
+def test_a_stage_setting_up_outside_the_gpu_slot_leaves_the_gpu_to_another_and_holds_the_host():
+    """A GPU stage's worker sets up under `host_share` only: another stage times on the GPU meanwhile;
+    its own `gpu_slot` then waits for that one; a retry alone on the host waits for both."""
+    import threading
+    import time
+
+    from tasks import slots
+
+    order = []
+    timing, release = threading.Event(), threading.Event()
+
+    def timing_stage():
+        with slots.device_slot("cuda", "time"):
+            timing.set()
+            release.wait(10)
+            order.append("timing ends")
+
+    def setting_up():
+        with slots.host_share("cuda", "time"):
+            order.append("set up beside the timing")
+            with slots.gpu_slot("cuda", "time"):
+                order.append("second stage on the GPU")
+
+    def retried_alone():
+        with slots.alone_on_host("cuda"):
+            order.append("alone")
+
+    first = threading.Thread(target=timing_stage)
+    first.start()
+    timing.wait(10)
+    second = threading.Thread(target=setting_up)
+    second.start()
+    time.sleep(0.2)
+    alone = threading.Thread(target=retried_alone)
+    alone.start()
+    time.sleep(0.2)
+    assert order == ["set up beside the timing"]  # the GPU is taken; the retry waits for both
+    release.set()
+    for thread in (first, second, alone):
+        thread.join(10)
+    assert order == ["set up beside the timing", "timing ends", "second stage on the GPU", "alone"]
