@@ -107,16 +107,6 @@ class Conversation:
             raise WorkerEnded(failure("integrity_violation", "malformed_reply", excerpt))
         return reply
 
-    @contextlib.contextmanager
-    def clock_stopped(self) -> Iterator[None]:
-        """The session's deadline moves on by the time the block takes (a wait for the device slot,
-        which is not the worker's time)."""
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.deadline += time.perf_counter() - began
-
     def ask(self, message: dict[str, Any]) -> dict[str, Any]:
         self.send(message)
         return self.receive()
@@ -144,19 +134,16 @@ def conversation(
     threads: int | None,
     pool: WorkerPool | None,
     slot_mode: str,
-    hold_slot: bool = True,
 ) -> Iterator[Conversation]:
     """A session worker for `request`, inside the device slot of a `slot_mode` stage (verify, time or
-    baseline), killed when the block ends. With `hold_slot` False the caller takes the GPU slot
-    itself once the worker is set up (tasks/drive.py `_run_stage`): only the host is shared here."""
+    baseline), killed when the block ends."""
     kernel_cache.mkdir(parents=True, exist_ok=True)
     env = _worker_env(kernel_cache, threads)
     warm_device = "cuda" if request.backend in ("cuda", "triton") else "cpu"
     timing = slot_mode in ("time", "baseline", "paired")
     nonce = secrets.token_hex(16)
     request_json = replace(request, threads=threads, nonce=nonce, limits=_limits_for_worker(limits)).to_json()
-    slot = slots.device_slot if hold_slot else slots.host_share
-    with slot(request.backend, slot_mode):
+    with slots.device_slot(request.backend, slot_mode):
         start = time.perf_counter()
         if pool is not None:
             worker = pool.take(env, warm_device, refill_now=not timing)

@@ -170,31 +170,20 @@ def _request(mode: str, problem_source: str, candidate_source: str | None, confi
 
 @contextlib.contextmanager
 def _session(
-    stage: str,
-    problem_source: str,
-    candidate_source: str | None,
-    config: RunConfig,
-    calls_ahead: int = 0,
-    hold_slot: bool = True,
+    stage: str, problem_source: str, candidate_source: str | None, config: RunConfig, calls_ahead: int = 0
 ) -> Iterator[Session]:
     """A started session worker with its buffers attached; Stop with the outcome when the problem,
     the worker or its set-up fails. On the cpu the inputs of the first `calls_ahead` calls are made
     while the worker starts (at most INPUTS_AHEAD_BYTES of them): this process would only wait.
-    Stage `paired`: the reference, timed beside a candidate in the time stage's device slot. With
-    `hold_slot` False the worker starts and sets up outside the GPU slot (the caller takes it)."""
+    Stage `paired`: the reference, timed beside a candidate in the time stage's device slot."""
     model = "reference" if stage in ("baseline", "paired") else "candidate"
     request = _request("session", problem_source, candidate_source, config, model)
     pool = worker_pool(config.effective_worker_pool())
     kernel_cache = Path(config.cache_dir) / "kernels"
-    limits = _limits(stage, config)
-    with conversation(request, limits, kernel_cache, config.threads, pool, stage, hold_slot) as talk:
-        key = (problem_source, config.backend, request.size_preset, request.init_seed)
+    with conversation(request, _limits(stage, config), kernel_cache, config.threads, pool, stage) as talk:
         try:
             with trace.span("runtime", mode=stage):
-                runtime = trusted.kept_runtime(*key)
-                if runtime is None:  # building it runs the reference: on the GPU, inside the slot
-                    with contextlib.nullcontext() if hold_slot else slots.gpu_slot(config.backend, "verify"):
-                        runtime = trusted.runtime_for(*key)
+                runtime = trusted.runtime_for(problem_source, config.backend, request.size_preset, request.init_seed)
         except trusted.ReferenceFailed as exc:
             raise _failure("runtime_error", "reference_failed", str(exc)) from None
         started = time.perf_counter()
@@ -467,28 +456,18 @@ def _run_stage(
     stopped it). The device running out of memory in this process is `harness_out_of_memory`."""
     from tasks import memory
 
-    # On a GPU the workers start, import and build their models before the stage takes the GPU
-    # slot: that is CPU work, and inside the slot it kept the GPU idle for half of its held time
-    # (KernelBench level 1 on an H200, tasks/trace.py). On the cpu the cores are the slot throughout.
-    early = config.backend in ("cuda", "triton")
     started = time.perf_counter()
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(trace.span("stage", mode=stage))
-            session = stack.enter_context(
-                _session(stage, problem_source, candidate_source, config, calls_ahead, hold_slot=not early)
-            )
+            session = stack.enter_context(_session(stage, problem_source, candidate_source, config, calls_ahead))
             session.samples_on_host = bool(plan and plan.samples_on_host)
-            sessions = [session]
             if paired:
                 # the partner gets its candidate's inputs (`_timed_calls`): none made ahead for it
-                sessions.append(stack.enter_context(_session("paired", problem_source, None, config, hold_slot=False)))
-            if early:
-                with contextlib.ExitStack() as clocks:
-                    for waiting in sessions:
-                        clocks.enter_context(waiting.talk.clock_stopped())
-                    stack.enter_context(slots.gpu_slot(config.backend, stage))
-            result = body(*sessions)
+                partner = stack.enter_context(_session("paired", problem_source, None, config))
+                result = body(session, partner)
+            else:
+                result = body(session)
             result["check_s"] = dict(session.check_s)
             # what the stage's time in the slot went to: the checks by kind, and its calls
             trace.record("stage-checks", time.time(), sum(session.check_s.values()), mode=stage, calls=session.calls)
@@ -888,13 +867,12 @@ def memory_plan(problem_source: str, config: RunConfig) -> Any:
 
     if config.backend == "cpu":
         return None
-    key = (problem_source, config.backend, config.effective_size_preset(), config.seeds("init", 1)[0])
     try:
-        runtime = trusted.kept_runtime(*key)
-        if runtime is None:
-            # inside the GPU slot: building the runtime runs the reference, beside no one's timing
-            with slots.device_slot(config.backend, "verify"):
-                runtime = trusted.runtime_for(*key)
+        # inside the GPU slot: building the runtime runs the reference, beside no one's timing
+        with slots.device_slot(config.backend, "verify"):
+            runtime = trusted.runtime_for(
+                problem_source, config.backend, config.effective_size_preset(), config.seeds("init", 1)[0]
+            )
     except trusted.ReferenceFailed:
         return None
     except Exception as exc:

@@ -108,25 +108,6 @@ def device_slot(backend: str, mode: str) -> Any:
     return _gpu_stage(mode in GPU_MODES, mode)
 
 
-def host_share(backend: str, mode: str) -> Any:
-    """What a `mode` stage holds while its worker starts and sets up, before `gpu_slot`: its share
-    of a GPU host (so a retry alone on the host waits for it). On the cpu, where the cores are the
-    slot, the slot itself."""
-    if backend == "cpu":
-        return device_slot(backend, mode)
-    if mode == PAIRED_MODE or backend not in ("cuda", "triton"):
-        return contextlib.nullcontext()
-    return _gpu_stage(False, mode)
-
-
-def gpu_slot(backend: str, mode: str) -> Any:
-    """The GPU itself, for a `mode` stage that holds its `host_share` already (nothing on the cpu,
-    whose `host_share` is the slot)."""
-    if mode == PAIRED_MODE or backend not in ("cuda", "triton") or mode not in GPU_MODES:
-        return contextlib.nullcontext()
-    return _traced(_gpu_slot, mode)
-
-
 @contextlib.contextmanager
 def _gpu_stage(on_device: bool, mode: str) -> Iterator[None]:
     with contextlib.ExitStack() as held:

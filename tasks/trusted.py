@@ -62,21 +62,14 @@ def new_seed() -> int:
     return secrets.randbits(62)
 
 
-def kept_runtime(problem_source: str, backend: str, size_preset: str | None, init_seed: int) -> ProblemRuntime | None:
-    """The runtime of this problem if it is kept already (nothing is built)."""
+def runtime_for(problem_source: str, backend: str, size_preset: str | None, init_seed: int) -> ProblemRuntime:
+    """The runtime of this problem (built now if not kept); ReferenceFailed if the problem is broken."""
     key = (hashlib.sha256(problem_source.encode()).hexdigest(), backend, size_preset, init_seed)
     with _runtimes_lock:
         runtime = _runtimes.get(key)
         if runtime is not None:
             _runtimes.move_to_end(key)
-        return runtime
-
-
-def runtime_for(problem_source: str, backend: str, size_preset: str | None, init_seed: int) -> ProblemRuntime:
-    """The runtime of this problem (built now if not kept); ReferenceFailed if the problem is broken."""
-    if (runtime := kept_runtime(problem_source, backend, size_preset, init_seed)) is not None:
-        return runtime
-    key = (hashlib.sha256(problem_source.encode()).hexdigest(), backend, size_preset, init_seed)
+            return runtime
     runtime = _build(problem_source, backend, size_preset, init_seed)
     with _runtimes_lock:
         _runtimes[key] = runtime
