@@ -3,6 +3,7 @@ as its own candidate: speedups should be 1.00), the problems unchanged from a Ke
 
     python benchmarks/kernelbench_suite.py [--kernelbench ../shared/kernelbench] [--levels 1,2,3]
         [--slice 0:50] [--backend cuda] [--rerun] [--parallel-problems N] [--timeout S] [--out DIR] [--trace]
+        [--config FILE]
 
 For each level, the selected files (sorted by KernelBench's problem number; `--slice` picks a range
 of them, so a device call can take a part) are linked into a suite folder `level<N>` and run with
@@ -71,6 +72,8 @@ def run_cli(
         command += ["--parallel-problems", str(args.parallel_problems)]
     if args.no_torch_compile:
         command += ["--no-torch-compile"]
+    if args.config:
+        command += ["--config", str(Path(args.config).resolve())]
     env = dict(os.environ, **({trace.TRACE_ENV: str(trace_path)} if trace_path else {}))
     start = time.perf_counter()
     process = subprocess.Popen(
@@ -154,6 +157,7 @@ def main() -> int:
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--parallel-problems", type=int, default=None)
     parser.add_argument("--no-torch-compile", action="store_true")
+    parser.add_argument("--config", default=None, help="a run settings file for kforge run (e.g. worker_pool: 8)")
     parser.add_argument("--timeout", type=float, default=None, help="stop each run after this many seconds")
     parser.add_argument("--rerun", action="store_true", help="run again over the same cache, side by side")
     parser.add_argument("--out", default=None, help="keep results and cache here (default: a temporary folder)")
