@@ -103,6 +103,7 @@ def _synthesize(
     problem: Problem, config: RunConfig, run_id: str, admission: contextlib.ExitStack
 ) -> list[dict[str, Any]]:
     baseline: dict[str, Any] = {}  # measured once the agent has produced a candidate
+    measured = False
     rows: list[dict[str, Any]] = []
     previous_source, feedback, recommendation = None, None, None
     if notice := needs_model_notice(config, run_id):
@@ -115,10 +116,10 @@ def _synthesize(
         reply = state.result() if state.is_completed() else failed_generation(state.result(False), config)
         stage_results = {}
         if reply.candidate_source:
-            first_baseline = not baseline
+            first_baseline = not measured  # admitted and measured once, whatever the baseline holds
             if first_baseline:
                 _admit(problem, config, admission)
-            baseline = baseline or baseline_task(problem, config)
+                baseline, measured = baseline_task(problem, config), True
             if reason := broken_reference(problem.problem_id, baseline):
                 get_run_logger().error(reason)
                 return rows

@@ -49,7 +49,7 @@ from kforge.config import RunConfig
 from tasks import slots, trace, trusted
 from tasks.channel import Conversation, WorkerEnded, conversation
 from tasks.harness.protocol import WorkerRequest, failure
-from tasks.isolate import Limits, process_tree
+from tasks.isolate import Limits, check_stopping, process_tree
 from tasks.pool import worker_pool
 
 ECHO_CALLS = 5  # empty calls before the first timed calls; then one before about one in ECHO_SHARE
@@ -901,7 +901,7 @@ def device_admission(problem_source: str, config: RunConfig, on_wait: Any = None
 
     device = torch.device(modules.BACKEND_DEVICES[config.backend], 0)
     budget = memory.admission_budget(device, config.device_memory_fraction) or plan.stage_bytes
-    with slots.admitted(plan.stage_bytes, budget, on_wait):
+    with slots.admitted(plan.stage_bytes, budget, on_wait, check_stopping):
         yield plan
 
 

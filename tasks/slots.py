@@ -33,6 +33,7 @@ TIMING_MODES = ("time", "baseline")
 PAIRED_MODE = "paired"
 GPU_MODES = ("verify", "time", "baseline", "profile")  # every stage that runs on the device
 _gpu_slot = threading.Lock()
+STOP_POLL_S = 0.5  # how often a wait for device memory asks whether kforge is stopping
 
 
 class SharedOrAlone:
@@ -146,9 +147,10 @@ class ByteBudget:
             return self._reserved, self._holders
 
     @contextlib.contextmanager
-    def reserve(self, nbytes: int, budget: int, on_wait: Any = None) -> Iterator[None]:
+    def reserve(self, nbytes: int, budget: int, on_wait: Any = None, check_stop: Any = None) -> Iterator[None]:
         """Hold `nbytes` of `budget` while the block runs; `on_wait(reserved, holders)` is called once
-        if the reservation has to wait."""
+        if the reservation has to wait, and `check_stop()` about every STOP_POLL_S while it waits (it
+        raises to give the wait up: kforge is stopping)."""
         ticket = object()
         with self._changed:
             self._queue.append(ticket)
@@ -159,7 +161,15 @@ class ByteBudget:
 
             if not granted() and on_wait is not None:
                 on_wait(self._reserved, self._holders)
-            self._changed.wait_for(granted)
+            try:
+                while not granted():
+                    self._changed.wait(STOP_POLL_S)
+                    if check_stop is not None:
+                        check_stop()
+            except BaseException:
+                self._queue.remove(ticket)
+                self._changed.notify_all()  # the next in line may be first now
+                raise
             self._queue.popleft()
             self._reserved += nbytes
             self._holders += 1
@@ -176,6 +186,7 @@ class ByteBudget:
 _device_memory = ByteBudget()
 
 
-def admitted(nbytes: int, budget: int, on_wait: Any = None) -> Any:
-    """The device to a problem whose stages plan for `nbytes` at their peak, within this process's `budget`."""
-    return _device_memory.reserve(nbytes, budget, on_wait)
+def admitted(nbytes: int, budget: int, on_wait: Any = None, check_stop: Any = None) -> Any:
+    """The device to a problem whose stages plan for `nbytes` at their peak, within this process's
+    `budget` (`check_stop`: see ByteBudget.reserve)."""
+    return _device_memory.reserve(nbytes, budget, on_wait, check_stop)

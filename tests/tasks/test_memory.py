@@ -199,3 +199,33 @@ def test_a_problem_planned_beyond_the_whole_budget_runs_alone_and_does_not_block
     grant_of_big = peaks.index(150 * GB)
     assert holders[grant_of_big] == 1  # alone on the device
     assert order.index("0") < order.index("2")  # first come, first served: the last one waited its turn
+
+
+def test_a_problem_waiting_for_device_memory_gives_up_when_kforge_stops_and_leaves_the_queue():
+    import threading
+
+    from tasks import isolate, slots
+
+    budget = slots.ByteBudget()
+    outcome = []
+
+    def waiter():
+        try:
+            with budget.reserve(60 * GB, 100 * GB, check_stop=isolate.check_stopping):
+                outcome.append("granted")
+        except isolate.Stopping:
+            outcome.append("stopped")
+
+    with budget.reserve(60 * GB, 100 * GB):  # a problem in flight holds most of the device
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        thread.join(1.0)
+        assert thread.is_alive() and outcome == []  # it waits for room
+        isolate._stopping.set()  # what stop_workers() does on SIGTERM
+        try:
+            thread.join(5 * slots.STOP_POLL_S)
+        finally:
+            isolate.resume_workers()
+        assert not thread.is_alive() and outcome == ["stopped"]  # while the holder still holds
+    with budget.reserve(60 * GB, 100 * GB):  # the queue holds no dead ticket: the next one is granted
+        assert budget.reserved() == (60 * GB, 1)
