@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections import Counter
 from datetime import date, datetime, timezone
@@ -29,6 +30,8 @@ from tasks.profile import forget_ncu_failures
 from tasks.publish import publish_task
 from tasks.record import host_facts, record_run_task, run_row
 from tasks.trusted import warm_profiler
+
+DEPLOYMENT_POLL_S = 2.0  # how often the suite asks the server how its problems' flow runs stand
 
 
 class SuiteFailed(Exception):
@@ -125,6 +128,15 @@ def run_suite(config: RunConfig) -> dict[str, Any] | State:
     # The runner is made here, not on the decorator, so the config decides the fan-out however the
     # flow is started (kforge run, kforge retry, Retry in the UI, run-grid).
     progress = start_progress(len(problems))  # kforge run's bar or lines; nothing in a deployment
+    if config.problem_deployment:
+        states = problems_by_deployment(problems, config, run_id, progress)
+    else:
+        states = _problems_here(problems, config, run_id, progress, logger)
+    return _finish(problems, rejected, states, config, run_id, started_at, facts, kb_versions)
+
+
+def _problems_here(problems: list[Problem], config: RunConfig, run_id: str, progress: Any, logger: Any) -> list[State]:
+    """Every problem in this process, `effective_parallel_problems` at a time, as a task each."""
     with ThreadPoolTaskRunner(max_workers=config.effective_parallel_problems()) as runner:
         futures = [runner.submit(problem_task, {"problem": p, "config": config, "run_id": run_id}) for p in problems]
         problem_of = {future: problem for future, problem in zip(futures, problems)}
@@ -139,7 +151,68 @@ def run_suite(config: RunConfig) -> dict[str, Any] | State:
             stop_workers()
             logger.error("stopping: %s", STOPPING.replace("RUN_ID", run_id))
             raise
-    states = [future.state for future in futures]
+    return [future.state for future in futures]
+
+
+def problems_by_deployment(problems: list[Problem], config: RunConfig, run_id: str, progress: Any) -> list[State]:
+    """Every problem as a flow run of `config.problem_deployment` (subflows of this run in the UI), left
+    to whichever worker of its pool takes it; each one's rows are read back from the shared results.
+    A problem's flow run is keyed by run and problem, so a retried suite run finds the ones it started:
+    a finished one is read again, a failed or crashed one is set to run again (its finished stages
+    replay from their caches), as the UI's Retry does."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import AwaitingRetry, Failed
+
+    from kforge.results import load
+
+    logger = get_run_logger()
+    child_config = config.model_copy(update={"problem_deployment": None})
+    flow_runs = {}
+    with get_client(sync_client=True) as client:
+        for problem in problems:
+            started = run_deployment(
+                config.problem_deployment,
+                parameters={"problem": problem, "config": child_config, "run_id": run_id},
+                timeout=0,
+                idempotency_key=f"{run_id}:{problem.problem_id}",
+            )
+            if started.state is not None and (started.state.is_failed() or started.state.is_crashed()):
+                client.set_flow_run_state(started.id, AwaitingRetry(message=f"retry of suite run {run_id}"), force=True)
+            flow_runs[problem.problem_id] = started.id
+        logger.info("%d problems handed to deployment %s", len(problems), config.problem_deployment)
+        states: dict[str, State] = {}
+        while len(states) < len(problems):
+            for problem_id, flow_run_id in flow_runs.items():
+                child = None if problem_id in states else client.read_flow_run(flow_run_id)
+                if child is None or child.state is None or not child.state.is_final():
+                    continue
+                if child.state.is_completed():
+                    attempts = load("attempts", config.results_dir)
+                    mine = attempts[(attempts["run_id"] == run_id) & (attempts["problem_id"] == problem_id)]
+                    rows = mine.sort_values("created_at").to_dict("records")
+                    states[problem_id] = Completed(data=rows)
+                else:
+                    rows = []
+                    states[problem_id] = Failed(message=f"flow run {flow_run_id}: {child.state.message}")
+                if progress is not None:
+                    progress.problem_done(problem_id, rows)
+            if len(states) < len(problems):
+                time.sleep(DEPLOYMENT_POLL_S)
+    return [states[problem.problem_id] for problem in problems]
+
+
+def _finish(
+    problems: list[Problem],
+    rejected: list[RejectedFile],
+    states: list[State],
+    config: RunConfig,
+    run_id: str,
+    started_at: datetime,
+    facts: dict[str, Any],
+    kb_versions: dict[str, Any],
+) -> dict[str, Any] | State:
+    logger = get_run_logger()
 
     outcomes: Counter[str] = Counter()
     failed_problems: dict[str, str] = {}

@@ -55,6 +55,12 @@ class RunConfig(BaseModel):
     )
     results_dir: str = Field("data/results", description="Where the Parquet datasets are appended")
     cache_dir: str = Field(str(DEFAULT_CACHE), description="Compiled kernels and inductor cache")
+    problem_deployment: str | None = Field(
+        None,
+        description="Run each problem as a flow run of this Prefect deployment of flows/synthesize.py "
+        "(e.g. 'synthesize-problem/kforge-problem'), which any host's worker of its pool may take; "
+        "results_dir must then be a path every host reaches (README: several hosts)",
+    )
     size_preset: str | None = Field(None, description="Problem SIZE_PRESETS entry; default 'gpu' on GPU backends")
     base_seed: int | None = Field(None, description="Seed for check and timing inputs; default: from the run id")
     correctness_trials: int = Field(3, ge=1)

@@ -24,8 +24,9 @@ import pyarrow.parquet as pq
 
 from tasks.harness.protocol import OUTCOMES  # one list, shared with the harness
 
-# 2: agents F and G; 3: the LLM soft check; 4: the trust boundary's evidence; 5: eager_source; 6: kb_updates.tokens
-SCHEMA_VERSION = 6
+# 2: agents F and G; 3: the LLM soft check; 4: the trust boundary's evidence; 5: eager_source; 6: kb_updates.tokens;
+# 7: attempts.host and the GPU it ran on (gpu_index, gpu_name, gpu_uuid)
+SCHEMA_VERSION = 7
 
 
 RUN_STATUSES = ("running", "finished", "failed")
@@ -115,6 +116,10 @@ ATTEMPTS_SCHEMA = _schema(
         ("roofline_fraction", pa.float64()),
         ("roofline_suspect", pa.bool_()),
         ("isolation", pa.string()),  # the worker's sandbox layers (JSON), as its last stage reported them
+        ("host", pa.string()),  # the host that judged it: $KFORGE_HOST, or its hostname
+        ("gpu_index", pa.int32()),  # the GPU its stages ran on, as this process numbers them (null on the cpu)
+        ("gpu_name", pa.string()),
+        ("gpu_uuid", pa.string()),
         ("created_at", _UTC_TIMESTAMP),
     ],
 )

@@ -6,9 +6,11 @@ attempt task is cached by its attempt id: rerunning a failed flow run does not w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
+import os
 import platform
 import re
 import shutil
@@ -125,6 +127,8 @@ def attempt_row(
         "roofline_fraction": timing.get("roofline_fraction"),
         "roofline_suspect": timing.get("roofline_suspect"),
         "isolation": _isolation(stage_results),
+        "host": host_name(),
+        **gpu_of(config.backend),
         "created_at": datetime.now(timezone.utc),
     }
 
@@ -185,12 +189,35 @@ def _cuda_versions() -> dict[str, str | None]:
     return {"cuda_runtime": runtime, "cuda_driver_supports": driver.group(1) if driver else None}
 
 
+def host_name() -> str:
+    """This host's name in the results: $KFORGE_HOST where set (two workers on one machine standing in
+    for two hosts, or a name clearer than the hostname), else the hostname."""
+    return os.environ.get("KFORGE_HOST") or socket.gethostname()
+
+
+@functools.cache
+def gpu_of(backend: str, index: int = 0) -> dict[str, Any]:
+    """The GPU a `backend` attempt's stages ran on: its index, name and UUID as torch reports them
+    (all None on the cpu backend, or where torch sees no such device)."""
+    unknown = {"gpu_index": None, "gpu_name": None, "gpu_uuid": None}
+    if backend == "cpu":
+        return unknown
+    try:
+        import torch
+
+        properties = torch.cuda.get_device_properties(index)
+    except Exception:  # noqa: BLE001 - no CUDA here: the row says so by leaving the GPU out
+        return unknown
+    uuid = getattr(properties, "uuid", None)
+    return {"gpu_index": index, "gpu_name": properties.name, "gpu_uuid": f"GPU-{uuid}" if uuid else None}
+
+
 def host_facts() -> dict[str, Any]:
     """Host, GPU, driver and toolchain versions for the `runs` table (no torch import here)."""
     gpu = _command_output("nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader")
     gpu_name, driver = gpu.splitlines()[0].split(", ")[:2] if gpu else (None, None)
     return {
-        "host": socket.gethostname(),
+        "host": host_name(),
         "device": "cuda" if gpu else "cpu",
         "gpu_name": gpu_name,
         "driver": driver,

@@ -18,6 +18,9 @@ def test_deployment_entrypoint_and_parameters(deployment):
     module = importlib.import_module(module_path.removesuffix(".py").replace("/", "."))
     flow = getattr(module, flow_name)
     assert isinstance(flow, Flow)
+    if flow.name == "synthesize-problem":  # a suite's problems are handed to it: no schedule, no parameters
+        assert "schedules" not in deployment and "parameters" not in deployment
+        return
     parameters = flow.validate_parameters(deployment["parameters"])
     assert (ROOT / parameters["config"].suite).is_dir()
     assert deployment["schedules"][0]["cron"]
