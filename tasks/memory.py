@@ -76,25 +76,21 @@ def plan(
     return MemoryPlan(input_bytes, output_bytes, parameter_bytes, budget_bytes, samples_on_host, with_pair, needed)
 
 
-def device_budget(device: Any, fraction: float) -> int | None:
-    """`fraction` of the device memory free now (None on the cpu)."""
+def device_budget(device: Any, fraction: float, of: str = "free") -> int | None:
+    """`fraction` of the device's memory (None on the cpu): of the memory free now (a stage's plan),
+    or of its whole memory, `of="total"` (`admission_budget`)."""
     if getattr(device, "type", "cpu") != "cuda":
         return None
     import torch
 
-    free, _total = torch.cuda.mem_get_info(device)
-    return int(free * fraction)
+    free, total = torch.cuda.mem_get_info(device)
+    return int((total if of == "total" else free) * fraction)
 
 
 def admission_budget(device: Any, fraction: float) -> int | None:
-    """`fraction` of the device's whole memory: what the problems in flight may plan for together
-    (None on the cpu). The whole, not the free memory: the problems' own stages use the rest."""
-    if getattr(device, "type", "cpu") != "cuda":
-        return None
-    import torch
-
-    _free, total = torch.cuda.mem_get_info(device)
-    return int(total * fraction)
+    """What the problems in flight may plan for together: `fraction` of the device's whole memory, not
+    of the free memory (the problems' own stages use the rest)."""
+    return device_budget(device, fraction, of="total")
 
 
 def parameter_bytes(model: Any) -> int:
