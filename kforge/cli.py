@@ -178,7 +178,11 @@ def run(
         str | None, Opt(help="Profile for the performance agent: text | image | both (default: text).")
     ] = None,
     optimize: Annotated[
-        str | None, Opt(help="After a correct kernel: none | kb (knowledge-base rollouts) (default: none).")
+        str | None,
+        Opt(
+            help="After a correct kernel: none | kb (knowledge-base rollouts) | perf-agent (KForge's: agent G "
+            "reads the profile; --performance-agent --profile) (default: none)."
+        ),
     ] = None,
     rollouts: Annotated[int | None, Opt(help="Techniques tried per knowledge-base step (default: 2).")] = None,
     depth: Annotated[int | None, Opt(help="Knowledge-base steps per problem (default: 1).")] = None,

@@ -97,10 +97,12 @@ class RunConfig(BaseModel):
         "an earlier run on the same host, device and toolchain, as a nightly rerun of a suite would; off: every "
         "run times its baselines again",
     )
-    optimize: Literal["none", "kb"] = Field(
+    optimize: Literal["none", "kb", "perf-agent"] = Field(
         "none",
         description="After a problem's loop ends with a correct kernel: 'kb' runs the knowledge-base loop "
-        "(state, weighted choice of techniques, one rollout each, measured gain updates the KB, tasks/optimize.py)",
+        "(state, weighted choice of techniques, one rollout each, measured gain updates the KB, tasks/optimize.py); "
+        "'perf-agent' is KForge's setting: agent G reads each correct kernel's profile each iteration "
+        "(performance_agent and profile on), no knowledge base",
     )
     rollouts: int = Field(2, ge=1, description="Techniques tried per knowledge-base step (breadth)")
     depth: int = Field(1, ge=0, description="Knowledge-base steps per problem, each from the best kernel so far")
@@ -153,6 +155,8 @@ class RunConfig(BaseModel):
             self.agent = "llm" if self.llm.model else "reference"
         if self.agent == "identity":  # the reference's own ops are the identity candidate's whole point
             self.allow_library_calls = True
+        if self.optimize == "perf-agent":  # KForge's setting: agent G reads each correct kernel's profile
+            self.performance_agent, self.profile = True, True
         return self
 
     def effective_size_preset(self) -> str | None:
