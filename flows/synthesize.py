@@ -9,7 +9,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from kforge.config import RunConfig
-from tasks import knowledge, trace
+from tasks import gpus, knowledge, trace
 from tasks.analyze import analyze_task, failed_analysis, profile_for_analysis, wants_analysis, with_analysis
 from tasks.compile import compile_task
 from tasks.distill import distil
@@ -78,7 +78,9 @@ def _model_task(model_task, config: RunConfig, problem: Problem, iteration: int)
 @flow(name="synthesize-problem", flow_run_name="{problem.problem_id}")
 def synthesize_problem(problem: Problem, config: RunConfig, run_id: str) -> list[dict[str, Any]]:
     """All attempts for one problem: the single-shot one, then `config.iterations` refinements."""
-    with trace.for_problem(problem.problem_id), trace.span("problem"):
+    with trace.for_problem(problem.problem_id), trace.span("problem"), gpus.problem_gpu(config) as config:
+        if len(config.gpus or ()) > 1:
+            get_run_logger().info("%s runs on GPU %d of %s", problem.problem_id, config.gpu_index, config.gpus)
         with contextlib.ExitStack() as admission:  # the device's memory, from the baseline to the end
             return _synthesize(problem, config, run_id, admission)
 

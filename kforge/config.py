@@ -55,6 +55,14 @@ class RunConfig(BaseModel):
     )
     results_dir: str = Field("data/results", description="Where the Parquet datasets are appended")
     cache_dir: str = Field(str(DEFAULT_CACHE), description="Compiled kernels and inductor cache")
+    gpus: list[int] | None = Field(
+        None,
+        description="GPU indices (as this process numbers them) the problems are spread over, each problem's "
+        "stages on one of them; default every visible GPU (tasks/gpus.py)",
+    )
+    gpu_index: int = Field(
+        0, ge=0, description="The GPU a problem's stages run on: set per problem from `gpus`, not by hand"
+    )
     problem_deployment: str | None = Field(
         None,
         description="Run each problem as a flow run of this Prefect deployment of flows/synthesize.py "

@@ -138,12 +138,12 @@ def conversation(
     """A session worker for `request`, inside the device slot of a `slot_mode` stage (verify, time or
     baseline), killed when the block ends."""
     kernel_cache.mkdir(parents=True, exist_ok=True)
-    env = _worker_env(kernel_cache, threads)
+    env = _worker_env(kernel_cache, threads, request.visible_devices)
     warm_device = "cuda" if request.backend in ("cuda", "triton") else "cpu"
     timing = slot_mode in ("time", "baseline", "paired")
     nonce = secrets.token_hex(16)
     request_json = replace(request, threads=threads, nonce=nonce, limits=_limits_for_worker(limits)).to_json()
-    with slots.device_slot(request.backend, slot_mode):
+    with slots.device_slot(request.backend, slot_mode, request.gpu_index):
         start = time.perf_counter()
         if pool is not None:
             worker = pool.take(env, warm_device, refill_now=not timing)

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from kforge.config import RunConfig
-from tasks import slots, trace, trusted
+from tasks import gpus, slots, trace, trusted
 from tasks.channel import Conversation, WorkerEnded, conversation
 from tasks.harness.protocol import WorkerRequest, failure
 from tasks.isolate import Limits, check_stopping, process_tree
@@ -165,6 +165,10 @@ def _request(mode: str, problem_source: str, candidate_source: str | None, confi
         size_preset=config.effective_size_preset(),
         init_seed=config.seeds("init", 1)[0],
         model=model,
+        gpu_index=config.gpu_index,
+        visible_devices=gpus.worker_binding(
+            config.backend, config.gpu_index, config.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")
+        ),
     )
 
 
@@ -183,7 +187,9 @@ def _session(
     with conversation(request, _limits(stage, config), kernel_cache, config.threads, pool, stage) as talk:
         try:
             with trace.span("runtime", mode=stage):
-                runtime = trusted.runtime_for(problem_source, config.backend, request.size_preset, request.init_seed)
+                runtime = trusted.runtime_for(
+                    problem_source, config.backend, request.size_preset, request.init_seed, config.gpu_index
+                )
         except trusted.ReferenceFailed as exc:
             raise _failure("runtime_error", "reference_failed", str(exc)) from None
         started = time.perf_counter()
@@ -459,6 +465,7 @@ def _run_stage(
     started = time.perf_counter()
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(gpus.current(config.backend, config.gpu_index))
             stack.enter_context(trace.span("stage", mode=stage))
             session = stack.enter_context(_session(stage, problem_source, candidate_source, config, calls_ahead))
             session.samples_on_host = bool(plan and plan.samples_on_host)
@@ -869,9 +876,16 @@ def memory_plan(problem_source: str, config: RunConfig) -> Any:
         return None
     try:
         # inside the GPU slot: building the runtime runs the reference, beside no one's timing
-        with slots.device_slot(config.backend, "verify"):
+        with (
+            slots.device_slot(config.backend, "verify", config.gpu_index),
+            gpus.current(config.backend, config.gpu_index),
+        ):
             runtime = trusted.runtime_for(
-                problem_source, config.backend, config.effective_size_preset(), config.seeds("init", 1)[0]
+                problem_source,
+                config.backend,
+                config.effective_size_preset(),
+                config.seeds("init", 1)[0],
+                config.gpu_index,
             )
     except trusted.ReferenceFailed:
         return None
@@ -899,9 +913,9 @@ def device_admission(problem_source: str, config: RunConfig, on_wait: Any = None
 
     from tasks.harness import modules
 
-    device = torch.device(modules.BACKEND_DEVICES[config.backend], 0)
+    device = torch.device(modules.BACKEND_DEVICES[config.backend], config.gpu_index)
     budget = memory.admission_budget(device, config.device_memory_fraction) or plan.stage_bytes
-    with slots.admitted(plan.stage_bytes, budget, on_wait, check_stopping):
+    with slots.admitted(plan.stage_bytes, budget, on_wait, check_stopping, config.gpu_index):
         yield plan
 
 

@@ -117,8 +117,10 @@ class Limits:
     resident_mb: int | None = None
 
 
-def _worker_env(kernel_cache: Path, threads: int | None) -> dict[str, str]:
+def _worker_env(kernel_cache: Path, threads: int | None, visible_devices: str | None = None) -> dict[str, str]:
     env = {key: os.environ[key] for key in ENV_ALLOWED if key in os.environ}
+    if visible_devices is not None:  # the worker's one GPU (tasks/gpus.py): its cuda:0
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices
     env["PYTHONPATH"] = str(PROJECT_ROOT)
     env["PYTHONUNBUFFERED"] = "1"
     env["KFORGE_KERNEL_CACHE"] = str(kernel_cache)
@@ -245,12 +247,12 @@ def run_worker(
     if isinstance(request, dict):
         request = WorkerRequest(**request)
     kernel_cache.mkdir(parents=True, exist_ok=True)
-    env = _worker_env(kernel_cache, threads)
+    env = _worker_env(kernel_cache, threads, request.visible_devices)
     warm_device = "cuda" if request.backend in ("cuda", "triton") else "cpu"
     limits_for_worker = {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb}
     nonce = secrets.token_hex(16)
     request_json = replace(request, threads=threads, limits=limits_for_worker, nonce=nonce).to_json()
-    with slots.device_slot(request.backend, request.mode):
+    with slots.device_slot(request.backend, request.mode, request.gpu_index):
         start = time.perf_counter()
         waiting = pool is not None and not wrapper
         if waiting:

@@ -47,11 +47,13 @@ class WorkerPool:
 
     def take(self, env: dict[str, str], warm_device: str, refill_now: bool) -> _Worker:
         """A waiting worker for this environment (started now if none is ready). Spares kept for
-        another environment (another run's cache or threads) are closed: one run's at a time."""
+        another run's environment (its cache or threads) are closed: one run's at a time; those of
+        the same run bound to another GPU (CUDA_VISIBLE_DEVICES, tasks/gpus.py) stay."""
         key = (tuple(sorted(env.items())), warm_device)
         with self._lock:
-            stale = [w for other, workers in self._spares.items() if other != key for w in workers]
-            self._spares = {key: self._spares.get(key, [])}
+            stale_keys = [other for other in self._spares if _run_of(other) != _run_of(key)]
+            stale = [w for other in stale_keys for w in self._spares.pop(other)]
+            self._spares.setdefault(key, [])
             ready = self._spares[key]
             worker = ready.pop(0) if ready else None
         for spare in stale:
@@ -71,6 +73,12 @@ class WorkerPool:
             self._spares.clear()
         for worker in spares:
             _close(worker)
+
+
+def _run_of(key: tuple) -> tuple:
+    """A spare's key without the GPU it is bound to: which run's workers it is."""
+    items, warm_device = key
+    return tuple(item for item in items if item[0] != "CUDA_VISIBLE_DEVICES"), warm_device
 
 
 _pools: dict[int, WorkerPool] = {}

@@ -128,7 +128,7 @@ def attempt_row(
         "roofline_suspect": timing.get("roofline_suspect"),
         "isolation": _isolation(stage_results),
         "host": host_name(),
-        **gpu_of(config.backend),
+        **gpu_of(config.backend, config.gpu_index),
         "created_at": datetime.now(timezone.utc),
     }
 
@@ -197,16 +197,16 @@ def host_name() -> str:
 
 @functools.cache
 def gpu_of(backend: str, index: int = 0) -> dict[str, Any]:
-    """The GPU a `backend` attempt's stages ran on: its index, name and UUID as torch reports them
-    (all None on the cpu backend, or where torch sees no such device)."""
-    unknown = {"gpu_index": None, "gpu_name": None, "gpu_uuid": None}
+    """The GPU a `backend` attempt's stages ran on: its index as this process numbers them, and its
+    name and UUID as torch reports them (None where torch sees no such device; all None on the cpu)."""
     if backend == "cpu":
-        return unknown
+        return {"gpu_index": None, "gpu_name": None, "gpu_uuid": None}
+    unknown = {"gpu_index": index, "gpu_name": None, "gpu_uuid": None}
     try:
         import torch
 
         properties = torch.cuda.get_device_properties(index)
-    except Exception:  # noqa: BLE001 - no CUDA here: the row says so by leaving the GPU out
+    except Exception:  # noqa: BLE001 - no such device seen here: name and UUID stay unknown
         return unknown
     uuid = getattr(properties, "uuid", None)
     return {"gpu_index": index, "gpu_name": properties.name, "gpu_uuid": f"GPU-{uuid}" if uuid else None}

@@ -1,11 +1,11 @@
 """Which stages may run at once on this host: one GPU stage at a time, and timing alone on the cpu.
 
-GPU stages (verify, time, baseline) take the GPU one at a time per process: compiles of other
-candidates run beside them on the CPU cores, but two candidates never share the GPU while one of
-them is measured. On the cpu backend the cores are the device: a timing stage runs alone, while
-compiles and checks of other problems may overlap one another (one lock for every cpu stage would
-make parallel problems sequential again, and worker start-up and g++ are most of a problem's wall
-time).
+GPU stages (verify, time, baseline) take their GPU one at a time per process (a slot per GPU: a
+problem's stages all use its GPU, tasks/gpus.py): compiles of other candidates run beside them on
+the CPU cores, but two candidates never share a GPU while one of them is measured. On the cpu
+backend the cores are the device: a timing stage runs alone, while compiles and checks of other
+problems may overlap one another (one lock for every cpu stage would make parallel problems
+sequential again, and worker start-up and g++ are most of a problem's wall time).
 
 Problems are admitted to the device by their planned memory (`admitted`): a problem reserves the
 peak its timing stage plans for (tasks/memory.py) from its first stage on the device to its end, and
@@ -32,7 +32,8 @@ from tasks import trace
 TIMING_MODES = ("time", "baseline")
 PAIRED_MODE = "paired"
 GPU_MODES = ("verify", "time", "baseline", "profile")  # every stage that runs on the device
-_gpu_slot = threading.Lock()
+_gpu_slots: dict[int, threading.Lock] = {}  # one timing slot per GPU index (tasks/gpus.py)
+_gpu_slots_lock = threading.Lock()
 STOP_POLL_S = 0.5  # how often a wait for device memory asks whether kforge is stopping
 
 
@@ -94,7 +95,12 @@ def alone_on_host(backend: str) -> Iterator[None]:
             _alone_here.held = False
 
 
-def device_slot(backend: str, mode: str) -> Any:
+def _gpu_slot(gpu: int) -> threading.Lock:
+    with _gpu_slots_lock:
+        return _gpu_slots.setdefault(gpu, threading.Lock())
+
+
+def device_slot(backend: str, mode: str, gpu: int = 0) -> Any:
     """The slot a `mode` stage of `backend` holds while its worker runs: the GPU, or the CPU cores.
     `paired`: the reference worker timed beside a candidate, inside the time stage's slot. Traced as
     `slot-wait` and `slot` spans (tasks/trace.py)."""
@@ -106,29 +112,29 @@ def device_slot(backend: str, mode: str) -> Any:
         return _traced(_cpu_cores.alone() if mode in TIMING_MODES else _cpu_cores.shared(), mode)
     if backend not in ("cuda", "triton"):
         return contextlib.nullcontext()
-    return _gpu_stage(mode in GPU_MODES, mode)
+    return _gpu_stage(mode in GPU_MODES, mode, gpu)
 
 
 @contextlib.contextmanager
-def _gpu_stage(on_device: bool, mode: str) -> Iterator[None]:
+def _gpu_stage(on_device: bool, mode: str, gpu: int) -> Iterator[None]:
     with contextlib.ExitStack() as held:
         if not holding_alone():
             held.enter_context(_gpu_host.shared())
         if on_device:
-            held.enter_context(_traced(_gpu_slot, mode))
+            held.enter_context(_traced(_gpu_slot(gpu), mode, gpu))
         yield
 
 
 @contextlib.contextmanager
-def _traced(slot: Any, mode: str) -> Iterator[None]:
+def _traced(slot: Any, mode: str, gpu: int | None = None) -> Iterator[None]:
     asked = time.time()
     with slot:
         got = time.time()
-        trace.record("slot-wait", asked, got - asked, mode=mode)
+        trace.record("slot-wait", asked, got - asked, mode=mode, gpu=gpu)
         try:
             yield
         finally:
-            trace.record("slot", got, time.time() - got, mode=mode)
+            trace.record("slot", got, time.time() - got, mode=mode, gpu=gpu)
 
 
 class ByteBudget:
@@ -183,10 +189,12 @@ class ByteBudget:
                 self._changed.notify_all()
 
 
-_device_memory = ByteBudget()
+_device_memory: dict[int, ByteBudget] = {}  # per GPU index
 
 
-def admitted(nbytes: int, budget: int, on_wait: Any = None, check_stop: Any = None) -> Any:
-    """The device to a problem whose stages plan for `nbytes` at their peak, within this process's
-    `budget` (`check_stop`: see ByteBudget.reserve)."""
-    return _device_memory.reserve(nbytes, budget, on_wait, check_stop)
+def admitted(nbytes: int, budget: int, on_wait: Any = None, check_stop: Any = None, gpu: int = 0) -> Any:
+    """GPU `gpu` to a problem whose stages plan for `nbytes` at their peak, within this process's
+    `budget` for it (`check_stop`: see ByteBudget.reserve)."""
+    with _gpu_slots_lock:
+        memory = _device_memory.setdefault(gpu, ByteBudget())
+    return memory.reserve(nbytes, budget, on_wait, check_stop)

@@ -62,15 +62,18 @@ def new_seed() -> int:
     return secrets.randbits(62)
 
 
-def runtime_for(problem_source: str, backend: str, size_preset: str | None, init_seed: int) -> ProblemRuntime:
-    """The runtime of this problem (built now if not kept); ReferenceFailed if the problem is broken."""
-    key = (hashlib.sha256(problem_source.encode()).hexdigest(), backend, size_preset, init_seed)
+def runtime_for(
+    problem_source: str, backend: str, size_preset: str | None, init_seed: int, gpu_index: int = 0
+) -> ProblemRuntime:
+    """The runtime of this problem on GPU `gpu_index` of a GPU backend (built now if not kept);
+    ReferenceFailed if the problem is broken."""
+    key = (hashlib.sha256(problem_source.encode()).hexdigest(), backend, size_preset, init_seed, gpu_index)
     with _runtimes_lock:
         runtime = _runtimes.get(key)
         if runtime is not None:
             _runtimes.move_to_end(key)
             return runtime
-    runtime = _build(problem_source, backend, size_preset, init_seed)
+    runtime = _build(problem_source, backend, size_preset, init_seed, gpu_index)
     with _runtimes_lock:
         _runtimes[key] = runtime
         while len(_runtimes) > KEPT_RUNTIMES:
@@ -78,13 +81,15 @@ def runtime_for(problem_source: str, backend: str, size_preset: str | None, init
     return runtime
 
 
-def _build(problem_source: str, backend: str, size_preset: str | None, init_seed: int) -> ProblemRuntime:
+def _build(
+    problem_source: str, backend: str, size_preset: str | None, init_seed: int, gpu_index: int
+) -> ProblemRuntime:
     import torch
 
     from tasks.harness import modules
     from tasks.harness.dispatch import record_ops
 
-    device = torch.device(modules.BACKEND_DEVICES[backend], 0) if backend != "cpu" else torch.device("cpu")
+    device = torch.device(modules.BACKEND_DEVICES[backend], gpu_index) if backend != "cpu" else torch.device("cpu")
     try:
         module = _load(problem_source, size_preset)
         with _generator_lock:

@@ -54,6 +54,10 @@ class WorkerRequest:
     limits: dict[str, Any] = field(default_factory=dict)
     nonce: str | None = None  # compile and profile modes: the result must carry it
     hold: bool = False
+    # the GPU its stage runs on, as the orchestrator numbers them, and the CUDA_VISIBLE_DEVICES the
+    # worker was started with to make it its cuda:0 (None: the orchestrator's own; tasks/gpus.py)
+    gpu_index: int = 0
+    visible_devices: str | None = None
     # profile mode (tasks/harness/profiling.py): the inputs' seed, calls before the profiled one, rows
     # kept per section, and which profiler: one of PROFILERS ("ncu": Nsight Compute wraps the worker)
     input_seed: int = 0

@@ -20,6 +20,7 @@ def test_the_host_is_kforge_host_where_set_else_the_hostname(monkeypatch):
 
 def test_a_cpu_attempt_names_no_gpu():
     assert record.gpu_of("cpu") == {"gpu_index": None, "gpu_name": None, "gpu_uuid": None}
+    assert record.gpu_of("cuda", 3)["gpu_index"] == 3  # the index it was given, even where no GPU is seen
 
 
 @pytest.mark.gpu
