@@ -1,5 +1,5 @@
 # The two commands of the README, plus helpers. Each installs what it needs first (idempotent).
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-busy lint bench clean
 
 install:
 	bash scripts/install.sh
@@ -12,6 +12,10 @@ test: install
 	bash scripts/browser.sh
 	.venv/bin/ruff check .
 	.venv/bin/python -m pytest -q --durations=10
+
+# The cheats and their honest twins on a busy host: one CPU burner per core beside them.
+test-busy: install
+	bash scripts/busy.sh .venv/bin/python -m pytest -q tests/integrity/test_cheats.py tests/integrity/test_trust_boundary.py
 
 lint: install
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
