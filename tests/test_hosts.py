@@ -3,12 +3,11 @@ of prefect.yaml, two process workers of one pool stand in for two hosts (each na
 every attempt lands in one results dataset, which the suite reads back for its summary. A real
 `prefect server start`, real `prefect deploy` and `prefect worker start`, the CPU backend."""
 
-import os
 from pathlib import Path
 
 import pytest
 import yaml
-from test_prefect_server import FAST_SETTINGS, SMOKE, Operator, free_port, log_tail, wait_for_health
+from test_prefect_server import FAST_SETTINGS, SMOKE, Operator, free_port, log_tail, operator_env, wait_for_health
 
 from kforge import results
 from kforge.config import RunConfig
@@ -26,16 +25,7 @@ def test_two_workers_standing_in_for_two_hosts_share_one_suite_run(tmp_path):
     from flows.suite import run_suite
 
     api_url = f"http://127.0.0.1:{free_port()}/api"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
-    env.update(
-        PREFECT_HOME=str(tmp_path / "prefect"),
-        PREFECT_API_URL=api_url,
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",
-        PREFECT_WORKER_QUERY_SECONDS="1",
-    )
-    env.pop("KFORGE_HOME", None)
-    prefect = Operator(env)
+    prefect = Operator(operator_env(tmp_path / "prefect", api_url))
     host, port = api_url.removeprefix("http://").removesuffix("/api").split(":")
     server = prefect.start(tmp_path / "server.log", "server", "start", "--host", host, "--port", port)
     workers = []

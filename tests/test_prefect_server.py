@@ -106,6 +106,24 @@ class Operator:
                 process.wait()
 
 
+def operator_env(prefect_home: Path, api_url: str) -> dict[str, str]:
+    """This environment without Prefect's settings, pointed at one server with its own PREFECT_HOME."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env.update(
+        PREFECT_HOME=str(prefect_home),
+        PREFECT_API_URL=api_url,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        # The nightly cron must not add runs of its own (with the deployment's defaults) while the test runs.
+        PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",
+        PREFECT_WORKER_QUERY_SECONDS="1",
+        COLUMNS="240",  # Rich's tables keep whole names
+    )
+    # prefect.yaml's pull step works in $KFORGE_HOME. `prefect deploy` would write its own value into the
+    # deployment; unset there, each worker's flow runs read the worker's (the checkout on that host).
+    env.pop("KFORGE_HOME", None)
+    return env
+
+
 def wait_for_health(api_url: str, server: subprocess.Popen, log: Path, timeout_s: float = 150) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -130,20 +148,7 @@ def operations(tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("operations")
     api_url = f"http://127.0.0.1:{free_port()}/api"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
-    env.update(
-        PREFECT_HOME=str(workdir / "prefect"),
-        PREFECT_API_URL=api_url,
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        # The nightly cron must not add runs of its own (with the deployment's defaults) while the test runs.
-        PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",
-        PREFECT_WORKER_QUERY_SECONDS="1",
-        COLUMNS="240",  # Rich's tables keep whole names
-    )
-    # prefect.yaml's pull step works in $KFORGE_HOME. `prefect deploy` would write its own value into the
-    # deployment; unset there, each worker's flow runs read the worker's (the checkout on that host).
-    env.pop("KFORGE_HOME", None)
-    prefect = Operator(env)
+    prefect = Operator(operator_env(workdir / "prefect", api_url))
     server_log, worker_log = workdir / "server.log", workdir / "worker.log"
     host, port = api_url.removeprefix("http://").removesuffix("/api").split(":")
     server = prefect.start(server_log, "server", "start", "--host", host, "--port", port)

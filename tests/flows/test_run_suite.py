@@ -138,8 +138,8 @@ def test_parallel_problems_overlap_and_timing_runs_alone(prefect_server, tmp_pat
     device_slot = slots.device_slot
 
     @contextlib.contextmanager
-    def recorded_slot(backend, mode):
-        with device_slot(backend, mode):
+    def recorded_slot(backend, mode, gpu=0):
+        with device_slot(backend, mode, gpu):
             entered = time.monotonic()
             try:
                 yield
