@@ -3,7 +3,7 @@ as its own candidate: speedups should be 1.00), the problems unchanged from a Ke
 
     python benchmarks/kernelbench_suite.py [--kernelbench ../shared/kernelbench] [--levels 1,2,3]
         [--slice 0:50] [--backend cuda] [--rerun] [--parallel-problems N] [--timeout S] [--out DIR] [--trace]
-        [--config FILE]
+        [--config FILE [--config FILE ...]]
 
 For each level, the selected files (sorted by KernelBench's problem number; `--slice` picks a range
 of them, so a device call can take a part) are linked into a suite folder `level<N>` and run with
@@ -55,7 +55,12 @@ def make_suite(kernelbench: Path, level: int, selection: slice, where: Path) -> 
 
 
 def run_cli(
-    suite: Path, args: argparse.Namespace, results_dir: Path, cache_dir: Path, trace_path: Path | None = None
+    suite: Path,
+    args: argparse.Namespace,
+    results_dir: Path,
+    cache_dir: Path,
+    trace_path: Path | None = None,
+    settings: str | None = None,
 ) -> tuple[float, int, str]:
     command = [sys.executable, "-m", "kforge.cli", "run", "--agent", "identity", "--iterations", "0"]
     command += [
@@ -72,8 +77,8 @@ def run_cli(
         command += ["--parallel-problems", str(args.parallel_problems)]
     if args.no_torch_compile:
         command += ["--no-torch-compile"]
-    if args.config:
-        command += ["--config", str(Path(args.config).resolve())]
+    if settings:
+        command += ["--config", str(Path(settings).resolve())]
     env = dict(os.environ, **({trace.TRACE_ENV: str(trace_path)} if trace_path else {}))
     start = time.perf_counter()
     process = subprocess.Popen(
@@ -157,7 +162,13 @@ def main() -> int:
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--parallel-problems", type=int, default=None)
     parser.add_argument("--no-torch-compile", action="store_true")
-    parser.add_argument("--config", default=None, help="a run settings file for kforge run (e.g. worker_pool: 8)")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        help="a run settings file for kforge run (e.g. worker_pool: 8); given more than once, each level runs "
+        "under each, side by side, each with a cache of its own",
+    )
     parser.add_argument("--timeout", type=float, default=None, help="stop each run after this many seconds")
     parser.add_argument("--rerun", action="store_true", help="run again over the same cache, side by side")
     parser.add_argument("--out", default=None, help="keep results and cache here (default: a temporary folder)")
@@ -173,22 +184,25 @@ def main() -> int:
     lines = []
     for level in [int(x) for x in args.levels.split(",")]:
         suite = make_suite(Path(args.kernelbench), level, selection, where / "suites" / f"{level}-{args.slice}")
-        cache = where / "cache"
-        for label in ["first run", "rerun"] if args.rerun else ["first run"]:
-            results_dir = where / "results" / f"{level}-{label.replace(' ', '_')}"
-            name = f"{level}-{label.replace(' ', '_')}"
-            trace_path = where / f"trace-{name}.jsonl" if args.trace else None
-            wall_s, returncode, log = run_cli(suite, args, results_dir, cache, trace_path)
-            (where / f"log-{name}.txt").write_text(log)
-            lines.append({"level": level, **report(label, suite, results_dir, wall_s, returncode, log)})
-            if trace_path and trace_path.exists():
-                print(f"where the wall time went ({trace_path}):\n{trace.summary(trace.read(trace_path), wall_s)}")
-    print("\nlevel  run        problems judged correct  within+-2%  median   wall s  per GPU-hour")
+        for settings in args.config or [None]:
+            tag = Path(settings).stem if settings else "defaults"
+            cache = where / f"cache-{tag}"
+            for label in ["first run", "rerun"] if args.rerun else ["first run"]:
+                name = f"{level}-{tag}-{label.replace(' ', '_')}"
+                results_dir = where / "results" / name
+                trace_path = where / f"trace-{name}.jsonl" if args.trace else None
+                wall_s, returncode, log = run_cli(suite, args, results_dir, cache, trace_path, settings)
+                (where / f"log-{name}.txt").write_text(log)
+                line = report(f"{label} ({tag})", suite, results_dir, wall_s, returncode, log)
+                lines.append({"level": level, "settings": tag, **line, "label": label})
+                if trace_path and trace_path.exists():
+                    print(f"where the wall time went ({trace_path}):\n{trace.summary(trace.read(trace_path), wall_s)}")
+    print("\nlevel  settings      run        problems judged correct  within+-2%  median   wall s  per GPU-hour")
     for line in lines:
         print(
-            f"{line['level']:5d}  {line['label']:9s}  {line['problems']:8d} {line['judged']:6d} "
-            f"{line.get('correct', 0):7d}  {line.get('within', 0):10d}  {line.get('median', float('nan')):6.3f} "
-            f"{line.get('wall_s', 0):8.0f}  {line.get('per_hour', 0):12.0f}"
+            f"{line['level']:5d}  {line['settings'][:12]:12s}  {line['label']:9s}  {line['problems']:8d} "
+            f"{line['judged']:6d} {line.get('correct', 0):7d}  {line.get('within', 0):10d}  "
+            f"{line.get('median', float('nan')):6.3f} {line.get('wall_s', 0):8.0f}  {line.get('per_hour', 0):12.0f}"
         )
     return 0
 
