@@ -11,6 +11,7 @@ environment as before.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -78,9 +79,24 @@ def worker_binding(backend: str, index: int, spread: Sequence[int] | None, paren
     as it is, the single-GPU case: index 0 of a run on one GPU)."""
     if backend not in GPU_BACKENDS or (index == 0 and len(spread or ()) <= 1):
         return None
-    from tasks.record import gpu_of
-
     return visible_devices(index, gpu_of(backend, index)["gpu_uuid"], parent_visible)
+
+
+@functools.cache
+def gpu_of(backend: str, index: int = 0) -> dict[str, Any]:
+    """The GPU a `backend` attempt's stages ran on: its index as this process numbers them, and its
+    name and UUID as torch reports them (None where torch sees no such device; all None on the cpu)."""
+    if backend == "cpu":
+        return {"gpu_index": None, "gpu_name": None, "gpu_uuid": None}
+    unknown = {"gpu_index": index, "gpu_name": None, "gpu_uuid": None}
+    try:
+        import torch
+
+        properties = torch.cuda.get_device_properties(index)
+    except Exception:  # noqa: BLE001 - no such device seen here: name and UUID stay unknown
+        return unknown
+    uuid = getattr(properties, "uuid", None)
+    return {"gpu_index": index, "gpu_name": properties.name, "gpu_uuid": f"GPU-{uuid}" if uuid else None}
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@ attempt task is cached by its attempt id: rerunning a failed flow run does not w
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import json
@@ -27,6 +26,7 @@ from kforge.config import RunConfig
 from kforge.results import SCHEMA_VERSION, append_rows
 from tasks.caching import source_hash, toolchain_fingerprint
 from tasks.generate import GenerationReply
+from tasks.gpus import gpu_of
 from tasks.harness.cpu import toolchain_version
 from tasks.harness.cuda import nvcc_version
 from tasks.measure import baseline_figure, eager_time, speedups
@@ -193,23 +193,6 @@ def host_name() -> str:
     """This host's name in the results: $KFORGE_HOST where set (two workers on one machine standing in
     for two hosts, or a name clearer than the hostname), else the hostname."""
     return os.environ.get("KFORGE_HOST") or socket.gethostname()
-
-
-@functools.cache
-def gpu_of(backend: str, index: int = 0) -> dict[str, Any]:
-    """The GPU a `backend` attempt's stages ran on: its index as this process numbers them, and its
-    name and UUID as torch reports them (None where torch sees no such device; all None on the cpu)."""
-    if backend == "cpu":
-        return {"gpu_index": None, "gpu_name": None, "gpu_uuid": None}
-    unknown = {"gpu_index": index, "gpu_name": None, "gpu_uuid": None}
-    try:
-        import torch
-
-        properties = torch.cuda.get_device_properties(index)
-    except Exception:  # noqa: BLE001 - no such device seen here: name and UUID stay unknown
-        return unknown
-    uuid = getattr(properties, "uuid", None)
-    return {"gpu_index": index, "gpu_name": properties.name, "gpu_uuid": f"GPU-{uuid}" if uuid else None}
 
 
 def host_facts() -> dict[str, Any]:
