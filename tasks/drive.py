@@ -57,6 +57,7 @@ ECHO_SHARE = 8
 SLOW_CALL_S = 0.5  # a call's round trip past this is traced (tasks/trace.py)
 JUDGED_TIMED_CALLS = 2  # besides the last one
 RECORDED_TIMED_SHARE = 10  # one timed call in this many also records its dispatched ops
+SIDE_STREAM_SLACK_MS = 0.002  # a watched call's device work ending this long past its end is left running
 BUSY_SHARE = 0.25  # of the time between calls, summed over the session ...
 BUSY_MIN_MS = 20.0  # ... and at least this much CPU time in all
 CPU_FLUSH_BYTES = 64 << 20
@@ -112,6 +113,9 @@ class Call:
     # cpu: the CPU time the worker used from this call's start to the next step's start (read from
     # /proc by this process while the worker waits): work it does after replying is counted too
     cpu_ms: float | None = None
+    # cuda, watched calls: how long the call's device work (any stream) ran past the point the
+    # current stream had reached when forward returned, from the profiler's device trace
+    device_overrun_ms: float | None = None
 
 
 @dataclass
@@ -383,7 +387,12 @@ def _call(
     ops = reply.get("ops") if record else None
     if record and not (isinstance(ops, list) and all(isinstance(op, str) for op in ops)):
         raise _failure("integrity_violation", "malformed_reply", "a recorded call reported no op list")
+    overrun = reply.get("device_overrun_ms") if record else None
+    if overrun is not None and (not isinstance(overrun, (int, float)) or isinstance(overrun, bool) or not overrun >= 0):
+        report = f"a recorded call's device overrun was {str(overrun)[:100]}"
+        raise _failure("integrity_violation", "malformed_reply", report)
     session._previous = Call(seed, float(claimed), (ended - started) * 1000, ops, inputs, echo=echo)
+    session._previous.device_overrun_ms = overrun
     if ended - started > SLOW_CALL_S:
         trace.record("slow-call", time.time(), ended - started, claimed_ms=float(claimed), echo=echo)
     return session._previous
@@ -432,6 +441,14 @@ def _as_output(session: Session, copies: list[Any]) -> Any:
 def _check_ops(session: Session, call: Call, config: RunConfig) -> None:
     from tasks.harness.dispatch import library_calls, library_kernels
 
+    # Device work that ends after the current stream passed the end of forward ran on a stream the
+    # current one never waited for (INTEGRITY.md rows 2 and 16), whatever its size
+    if (overrun := call.device_overrun_ms) is not None and overrun > SIDE_STREAM_SLACK_MS:
+        excerpt = (
+            f"ModelNew.forward left device work running after it returned: it ended {overrun:.4f} ms after the "
+            "current stream had done the call; make the current stream wait for every stream the kernel uses"
+        )
+        raise _failure("integrity_violation", "side_stream", excerpt)
     if config.allow_library_calls:
         return
     reference_ops, ops = set(session.runtime.reference_ops), set(call.ops or [])

@@ -97,7 +97,7 @@ def _build(
             inputs = _inputs(module, new_seed(), device)
         with torch.no_grad():
             with _profiler_lock:  # one torch profiler per process at a time
-                output, ops = record_ops(reference, *inputs, all_threads=False)
+                output, ops, _ = record_ops(reference, *inputs, all_threads=False)
         modules.synchronize(device)
         flops = _flops(reference, inputs)
     except Exception as exc:  # noqa: BLE001 - whatever the problem file raises

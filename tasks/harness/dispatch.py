@@ -43,13 +43,14 @@ LIBRARY_KERNEL_WORDS = re.compile(
 
 def record_ops(
     fn: Callable[..., Any], *args: Any, all_threads: bool = True, device_kernels: bool = False
-) -> tuple[Any, set[str]]:
-    """fn(*args) and the set of aten operator names (e.g. 'mm', 'relu') dispatched while it ran,
-    on every thread of the process (`all_threads`) or on the calling thread alone, with
-    `device_kernels` also the names of the CUDA kernels it launched (as KERNEL_PREFIX + name). One
-    profiler per process at a time: the orchestrator records references under a lock
-    (tasks/trusted.py)."""
-    from torch.autograd.profiler import profile
+) -> tuple[Any, set[str], float | None]:
+    """fn(*args), the set of aten operator names (e.g. 'mm', 'relu') dispatched while it ran, on
+    every thread of the process (`all_threads`) or on the calling thread alone, and with
+    `device_kernels` also the names of the CUDA kernels it launched (as KERNEL_PREFIX + name) and
+    how long in ms its device work on any stream ran past the point the current stream had reached
+    when fn returned (0.0 for none; None where that point is not in the trace). One profiler per
+    process at a time: the orchestrator records references under a lock (tasks/trusted.py)."""
+    from torch.autograd.profiler import profile, record_function
 
     # torch.profiler.profile would look for torch._inductor, which imports dynamo (1 s) and replaces
     # torch.manual_seed: the autograd profiler underneath it does the recording without that.
@@ -57,6 +58,13 @@ def record_ops(
     device = "cuda" if device_kernels else None
     with profile(use_kineto=True, use_device=device, experimental_config=config) as recorded:
         result = fn(*args)
+        if device_kernels:
+            import torch
+
+            # A marker kernel on the current stream, launched outside the dispatcher: it starts once
+            # the stream has done everything before it
+            with record_function(MARKER):
+                torch.cuda._sleep(1)
     names = set()
     for event in recorded.function_events:
         if event.name.startswith("aten::"):
@@ -65,7 +73,42 @@ def record_ops(
             names.add(KERNEL_PREFIX + kernel.name)
         if device_kernels and str(getattr(event, "device_type", "")).endswith("CUDA"):
             names.add(KERNEL_PREFIX + event.name)
-    return result, names
+    return result, names, _overrun_ms(recorded) if device_kernels else None
+
+
+MARKER = "kforge::marker"
+MARKER_FORGED = 1e6  # ms: a second marker in the trace is the candidate's
+
+
+def _overrun_ms(recorded: Any) -> float | None:
+    """How far the device work in a profile ends past the start of the marker kernel (in ms, 0.0 for
+    none); None where the marker's launch or kernel is missing, MARKER_FORGED where the trace holds
+    more than one marker. The raw trace: function_events keeps device work only as durations."""
+    events = recorded.kineto_results.events()
+    # The annotation on the host; kineto lists it again on the device, over the marker's kernel
+    markers = [e for e in events if e.name() == MARKER and str(e.device_type()).endswith("CPU")]
+    if len(markers) != 1:
+        return MARKER_FORGED if markers else None
+    mark = markers[0]
+    launches = [
+        e.correlation_id()
+        for e in events
+        if "LaunchKernel" in e.name()
+        and e.start_thread_id() == mark.start_thread_id()
+        and mark.start_ns() <= e.start_ns() <= mark.end_ns()
+    ]
+    # Device work: kernels, copies and fills; not the synchronizations CUPTI also lists on the device
+    device = [
+        e
+        for e in events
+        if str(e.device_type()).endswith("CUDA") and e.name() != MARKER and "sync" not in e.name().lower()
+    ]
+    marked = [e for e in device if launches and e.correlation_id() == launches[-1]]
+    if not marked:
+        return None
+    reached_ns = marked[0].start_ns()
+    ends = [e.end_ns() for e in device if e is not marked[0]]
+    return max(0.0, (max(ends, default=reached_ns) - reached_ns) / 1e6)
 
 
 def _all_threads_config() -> Any:

@@ -192,6 +192,7 @@ def _call(step, model, device, state, bindings, classify) -> dict[str, Any]:
     args = [scalars.get(str(i)) if tensor is None else tensor for i, tensor in enumerate(state["inputs"])]
     record = bool(step.get("record"))
     ops: set[str] = set()
+    overrun_ms = None
     with torch.no_grad(), _poisoned_allocations() if record else contextlib.nullcontext():
         try:
             if device.type == "cuda":
@@ -199,13 +200,15 @@ def _call(step, model, device, state, bindings, classify) -> dict[str, Any]:
                 # beside the spin, inside the echo's share of the round trip (measured on an H200).
                 start, end = _Event(enable_timing=True), _Event(enable_timing=True)
                 _record(start)
-                output, ops = record_ops(model, *args, device_kernels=True) if record else (model(*args), ops)
+                output, ops, overrun_ms = (
+                    record_ops(model, *args, device_kernels=True) if record else (model(*args), ops, None)
+                )
                 _record(end)
                 _device_synchronize()  # side streams included: the copy below must see finished outputs
                 claimed_ms = _elapsed_time(start, end)
             else:
                 began = _clock()
-                output, ops = record_ops(model, *args) if record else (model(*args), ops)
+                output, ops, _ = record_ops(model, *args) if record else (model(*args), ops, None)
                 claimed_ms = (_clock() - began) * 1000
         except Failure:
             raise
@@ -218,7 +221,7 @@ def _call(step, model, device, state, bindings, classify) -> dict[str, Any]:
         for target, tensor in zip(state["outputs"], as_tensor_list(output)):
             target.copy_(tensor)
         modules.synchronize(device)
-    return {"claimed_ms": claimed_ms, "ops": sorted(ops) if record else None}
+    return {"claimed_ms": claimed_ms, "ops": sorted(ops) if record else None, "device_overrun_ms": overrun_ms}
 
 
 def _check_output(output: Any, layout: Layout, device: torch.device) -> None:

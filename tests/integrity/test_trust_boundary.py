@@ -329,3 +329,19 @@ def test_the_pair_decides_the_eager_time_unless_it_was_slowed_beyond_both_spread
     assert eager_time({"timing_source": "observed", "paired_eager_ms": 0.5}, baseline) == (0.5, "paired")
     assert eager_time({"timing_source": "observed", "paired_eager_ms": 0.9}, baseline) == (0.4, "baseline")
     assert eager_time({"timing_source": "claimed"}, baseline) == (0.100, "baseline")  # no pair
+
+
+def test_a_watched_call_whose_device_work_outlasts_its_events_is_a_side_stream():
+    """The orchestrator's half of the side-stream check (the GPU half: tests/integrity/test_gpu_cheats.py):
+    device work ending after the current stream passed forward's end is work left running."""
+    from kforge.config import RunConfig
+
+    config = RunConfig(backend="cuda", allow_library_calls=True)
+    within = drive.Call(seed=1, claimed_ms=0.05, observed_ms=0.2, ops=[], inputs=[], device_overrun_ms=0.0)
+    drive._check_ops(None, within, config)
+    outlasting = drive.Call(seed=1, claimed_ms=0.0013, observed_ms=0.2, ops=[], inputs=[], device_overrun_ms=0.021)
+    with pytest.raises(drive.Stop) as stopped:
+        drive._check_ops(None, outlasting, config)
+    outcome = stopped.value.outcome
+    assert (outcome["outcome"], outcome["error_class"]) == ("integrity_violation", "side_stream"), outcome
+    assert "ended 0.0210 ms after" in outcome["error_excerpt"], outcome
