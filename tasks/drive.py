@@ -382,20 +382,25 @@ def _call(
     if "outcome" in reply:
         raise Stop(_claimed_failure(reply))
     claimed = reply.get("claimed_ms")
-    if not isinstance(claimed, (int, float)) or isinstance(claimed, bool) or not claimed >= 0:
+    if not _is_duration(claimed):
         raise _failure("integrity_violation", "malformed_reply", f"a call claimed {str(claimed)[:100]} ms")
     ops = reply.get("ops") if record else None
     if record and not (isinstance(ops, list) and all(isinstance(op, str) for op in ops)):
         raise _failure("integrity_violation", "malformed_reply", "a recorded call reported no op list")
     overrun = reply.get("device_overrun_ms") if record else None
-    if overrun is not None and (not isinstance(overrun, (int, float)) or isinstance(overrun, bool) or not overrun >= 0):
+    if overrun is not None and not _is_duration(overrun):
         report = f"a recorded call's device overrun was {str(overrun)[:100]}"
         raise _failure("integrity_violation", "malformed_reply", report)
-    session._previous = Call(seed, float(claimed), (ended - started) * 1000, ops, inputs, echo=echo)
-    session._previous.device_overrun_ms = overrun
+    observed_ms = (ended - started) * 1000
+    session._previous = Call(seed, float(claimed), observed_ms, ops, inputs, echo=echo, device_overrun_ms=overrun)
     if ended - started > SLOW_CALL_S:
         trace.record("slow-call", time.time(), ended - started, claimed_ms=float(claimed), echo=echo)
     return session._previous
+
+
+def _is_duration(value: Any) -> bool:
+    """A number of ms the worker reported: not a bool, not NaN, not negative."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
 def _account_cpu(session: Session) -> None:
