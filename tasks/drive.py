@@ -446,12 +446,14 @@ def _as_output(session: Session, copies: list[Any]) -> Any:
 def _check_ops(session: Session, call: Call, config: RunConfig) -> None:
     from tasks.harness.dispatch import library_calls, library_kernels
 
-    # Device work that ends after the current stream passed the end of forward ran on a stream the
-    # current one never waited for (INTEGRITY.md rows 2 and 16), whatever its size
+    # Device work that starts before the current stream reached forward or ends after it passed
+    # forward's end ran on a stream not ordered with the current one (INTEGRITY.md rows 2 and 16),
+    # whatever its size
     if (overrun := call.device_overrun_ms) is not None and overrun > SIDE_STREAM_SLACK_MS:
         excerpt = (
-            f"ModelNew.forward left device work running after it returned: it ended {overrun:.4f} ms after the "
-            "current stream had done the call; make the current stream wait for every stream the kernel uses"
+            f"ModelNew.forward ran device work outside the current stream's span of the call ({overrun:.4f} ms "
+            "outside it): order every stream the kernel uses after the current one and make the current one "
+            "wait for them"
         )
         raise _failure("integrity_violation", "side_stream", excerpt)
     if config.allow_library_calls:

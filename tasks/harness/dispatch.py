@@ -15,8 +15,17 @@ It runs in the candidate's process, so it is a first line: the orchestrator's ju
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from typing import Any
+
+# Bound at import, before any candidate runs: a candidate that replaces these (a record_function
+# that records nothing, a _sleep that launches nothing) would otherwise hide the marker and with it
+# the side-stream check
+from torch.autograd.profiler import profile, record_function
+from torch.cuda import _sleep as _marker_kernel
+
+_clock = time.perf_counter
 
 # Allocation, views, copies and shape queries: a kernel needs them, they compute nothing.
 ALWAYS_ALLOWED = frozenset(
@@ -47,24 +56,28 @@ def record_ops(
     """fn(*args), the set of aten operator names (e.g. 'mm', 'relu') dispatched while it ran, on
     every thread of the process (`all_threads`) or on the calling thread alone, and with
     `device_kernels` also the names of the CUDA kernels it launched (as KERNEL_PREFIX + name) and
-    how long in ms its device work on any stream ran past the point the current stream had reached
-    when fn returned (0.0 for none; None where that point is not in the trace). One profiler per
+    how far in ms its device work on any stream lay outside the current stream's span of fn (see
+    _outside_ms; None where that span is not in the trace). One profiler per
     process at a time: the orchestrator records references under a lock (tasks/trusted.py)."""
-    from torch.autograd.profiler import profile, record_function
-
     # torch.profiler.profile would look for torch._inductor, which imports dynamo (1 s) and replaces
     # torch.manual_seed: the autograd profiler underneath it does the recording without that.
     config = _all_threads_config() if all_threads else None
     device = "cuda" if device_kernels else None
     with profile(use_kineto=True, use_device=device, experimental_config=config) as recorded:
-        result = fn(*args)
-        if device_kernels:
-            import torch
-
-            # A marker kernel on the current stream, launched outside the dispatcher: it starts once
-            # the stream has done everything before it
+        if not device_kernels:
+            result = fn(*args)
+        else:
+            # Inside one annotation: a gate kernel on the current stream, fn, and a marker kernel on the
+            # current stream launched the moment fn returns (both outside the dispatcher). Work fn
+            # orders after the current stream starts after the gate; the marker starts once the current
+            # stream has done fn's work. The gate outlasts fn's host time, so the marker is queued
+            # before the gate ends: a short kernel on a private stream still runs when it starts.
             with record_function(MARKER):
-                torch.cuda._sleep(1)
+                _marker_kernel(_GATE["cycles"])
+                began = _clock()
+                result = fn(*args)
+                _marker_kernel(1)
+                host_ms = (_clock() - began) * 1000
     names = set()
     for event in recorded.function_events:
         if event.name.startswith("aten::"):
@@ -73,42 +86,64 @@ def record_ops(
             names.add(KERNEL_PREFIX + kernel.name)
         if device_kernels and str(getattr(event, "device_type", "")).endswith("CUDA"):
             names.add(KERNEL_PREFIX + event.name)
-    return result, names, _overrun_ms(recorded) if device_kernels else None
+    if not device_kernels:
+        return result, names, None
+    outside_ms, gate_ms = _outside_ms(recorded)
+    if gate_ms:  # the next gate: twice this call's host time, in the cycles this one took
+        target_ms = min(GATE_MAX_MS, max(GATE_MIN_MS, 2 * host_ms))
+        _GATE["cycles"] = max(1, int(_GATE["cycles"] * target_ms / gate_ms))
+    return result, names, outside_ms
 
 
 MARKER = "kforge::marker"
 MARKER_FORGED = 1e6  # ms: a second marker in the trace is the candidate's
+# A forward that synchronizes holds the host until the gate ends, so its host time says nothing of
+# how long a gate it needs: the cap bounds that growth (past it, a call's host time dwarfs what
+# a hidden kernel could gain)
+GATE_MIN_MS, GATE_MAX_MS = 1.0, 20.0
+_GATE = {"cycles": 4_000_000}  # about 2 ms at an H200's clock; adjusted after each traced call
 
 
-def _overrun_ms(recorded: Any) -> float | None:
-    """How far the device work in a profile ends past the start of the marker kernel (in ms, 0.0 for
-    none); None where the marker's launch or kernel is missing, MARKER_FORGED where the trace holds
-    more than one marker. The raw trace: function_events keeps device work only as durations."""
+def _outside_ms(recorded: Any) -> tuple[float | None, float | None]:
+    """How far (ms) the device work in a profile lies outside the current stream's span of the call:
+    the longest of how early it started before the gate kernel ended and how late it ended after
+    the marker kernel started (0.0 for none; None where gate or marker are missing from the trace,
+    MARKER_FORGED where it holds more than one annotation), and how long the gate ran (ms, or None).
+    The raw trace: function_events keeps device work only as durations."""
     events = recorded.kineto_results.events()
-    # The annotation on the host; kineto lists it again on the device, over the marker's kernel
+    # The annotation on the host; kineto lists it again on the device, over the kernels in it
     markers = [e for e in events if e.name() == MARKER and str(e.device_type()).endswith("CPU")]
     if len(markers) != 1:
-        return MARKER_FORGED if markers else None
+        return (MARKER_FORGED if markers else None), None
     mark = markers[0]
-    launches = [
-        e.correlation_id()
-        for e in events
-        if "LaunchKernel" in e.name()
-        and e.start_thread_id() == mark.start_thread_id()
-        and mark.start_ns() <= e.start_ns() <= mark.end_ns()
-    ]
+    # The gate's launch is the first on the annotation's thread inside it, the marker's the last
+    launches = sorted(
+        (
+            e
+            for e in events
+            if "LaunchKernel" in e.name()
+            and e.start_thread_id() == mark.start_thread_id()
+            and mark.start_ns() <= e.start_ns() <= mark.end_ns()
+        ),
+        key=lambda e: e.start_ns(),
+    )
     # Device work: kernels, copies and fills; not the synchronizations CUPTI also lists on the device
     device = [
         e
         for e in events
         if str(e.device_type()).endswith("CUDA") and e.name() != MARKER and "sync" not in e.name().lower()
     ]
-    marked = [e for e in device if launches and e.correlation_id() == launches[-1]]
-    if not marked:
-        return None
-    reached_ns = marked[0].start_ns()
-    ends = [e.end_ns() for e in device if e is not marked[0]]
-    return max(0.0, (max(ends, default=reached_ns) - reached_ns) / 1e6)
+    if len(launches) < 2:
+        return None, None
+    gate = [e for e in device if e.correlation_id() == launches[0].correlation_id()]
+    marked = [e for e in device if e.correlation_id() == launches[-1].correlation_id()]
+    if not gate or not marked:
+        return None, None
+    opened_ns, reached_ns = gate[0].end_ns(), marked[0].start_ns()
+    work = [e for e in device if e is not gate[0] and e is not marked[0]]
+    early = max((opened_ns - e.start_ns() for e in work), default=0)
+    late = max((e.end_ns() - reached_ns for e in work), default=0)
+    return max(0.0, early / 1e6, late / 1e6), (opened_ns - gate[0].start_ns()) / 1e6
 
 
 def _all_threads_config() -> Any:

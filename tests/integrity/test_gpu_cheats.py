@@ -63,28 +63,33 @@ def test_work_hidden_on_a_side_stream_is_caught_in_verify_and_charged_in_time(co
         assert (hidden["outcome"], hidden["error_class"]) == ("integrity_violation", "side_stream"), hidden
 
 
-@pytest.mark.xfail(
-    reason="open (issue 11): measured on an H200, a ~20 us launch on a private stream ends before the marker "
-    "kernel, which the profiler launches tens of us after forward returns; the time stage charges it only "
-    "by the observed floor, whose round-trip noise is larger than the kernel",
-    strict=False,
-)
-def test_one_small_launch_on_a_private_stream_is_caught(config):
-    """The attack that beat the 0.1 ms floor, and then the observed time (its round trip's noise is
-    larger than the kernel): one ~20 us ReLU on a private non-blocking stream. The device trace of
-    the verify calls shows it ending after a marker kernel on the current stream, whatever its size."""
-    gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
-    private = HONEST.replace(
+def private_stream_relu(ordered_after: bool, joined: bool) -> str:
+    """The reference CUDA ReLU (one ~20-50 us launch) on a private stream created in forward, which
+    waits for the current stream first (`ordered_after`) and is waited for at the end (`joined`)."""
+    wait = "        side.wait_stream(torch.cuda.current_stream())\n" if ordered_after else ""
+    join = "        torch.cuda.current_stream().wait_stream(side)\n" if joined else ""
+    source = HONEST.replace(
         "        lib.relu(x, y, x.numel())\n",
-        "        side = torch.cuda.Stream()\n"
-        "        with torch.cuda.stream(side):\n            lib.relu(x, y, x.numel())\n",
+        f"        side = torch.cuda.Stream()\n{wait}        with torch.cuda.stream(side):\n"
+        f"            lib.relu(x, y, x.numel())\n{join}",
     )
-    assert private != HONEST
-    honest = evaluate_in_worker("verify", PROBLEM, HONEST, gpu)
-    hidden = evaluate_in_worker("verify", PROBLEM, private, gpu)
+    assert source != HONEST
+    return source
+
+
+@pytest.mark.parametrize("ordered_after", [False, True], ids=["unordered", "ordered-after"])
+def test_one_small_launch_on_a_private_stream_is_caught(config, ordered_after):
+    """The attack that beat the 0.1 ms floor, and then the observed time (its round trip's noise is
+    larger than the kernel): one short ReLU on a private stream the current stream never waits for.
+    In the device trace of a verify call it starts before a gate kernel on the current stream ends
+    (unordered), or ends after the marker kernel queued behind the gate starts (ordered after the
+    current stream), whatever its size. The honest twin joins its stream back and stays correct."""
+    gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
+    honest = evaluate_in_worker("verify", PROBLEM, private_stream_relu(ordered_after=True, joined=True), gpu)
+    hidden = evaluate_in_worker("verify", PROBLEM, private_stream_relu(ordered_after, joined=False), gpu)
     assert honest["outcome"] == "correct", honest
-    assert (hidden["outcome"], hidden["error_class"]) == ("integrity_violation", "side_stream"), hidden
-    assert "after the current stream had done the call" in hidden["error_excerpt"], hidden
+    assert (hidden.get("outcome"), hidden.get("error_class")) == ("integrity_violation", "side_stream"), hidden
+    assert "outside the current stream's span of the call" in hidden["error_excerpt"], hidden
 
 
 HONEST = (ROOT / "kernels_ref" / "cuda" / "1_relu.py").read_text()

@@ -333,7 +333,8 @@ def test_the_pair_decides_the_eager_time_unless_it_was_slowed_beyond_both_spread
 
 def test_a_watched_call_whose_device_work_outlasts_its_events_is_a_side_stream():
     """The orchestrator's half of the side-stream check (the GPU half: tests/integrity/test_gpu_cheats.py):
-    device work ending after the current stream passed forward's end is work left running."""
+    device work starting before the current stream reached forward, or ending after it passed
+    forward's end, is work on a stream not ordered with it."""
     from kforge.config import RunConfig
 
     config = RunConfig(backend="cuda", allow_library_calls=True)
@@ -344,4 +345,4 @@ def test_a_watched_call_whose_device_work_outlasts_its_events_is_a_side_stream()
         drive._check_ops(None, outlasting, config)
     outcome = stopped.value.outcome
     assert (outcome["outcome"], outcome["error_class"]) == ("integrity_violation", "side_stream"), outcome
-    assert "ended 0.0210 ms after" in outcome["error_excerpt"], outcome
+    assert "(0.0210 ms outside it)" in outcome["error_excerpt"], outcome
