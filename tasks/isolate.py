@@ -136,8 +136,9 @@ def _worker_env(kernel_cache: Path, threads: int | None, visible_devices: str | 
     env["OMP_WAIT_POLICY"] = "PASSIVE"
     env["KINETO_LOG_LEVEL"] = "6"  # the op recording of watched calls: no profiler lines in the log
     # CUPTI torn down when a watched call's trace ends: left subscribed (kineto's default), it slows
-    # every later launch, and launch-bound problems' timed calls with it (ResNet18 0.61x on an H200)
-    env["TEARDOWN_CUPTI"] = "1"
+    # every later launch, and launch-bound problems' timed calls with it (ResNet18 0.61x on an H200).
+    # TEARDOWN_CUPTI=0 in kforge's environment keeps it subscribed (for a side-by-side run).
+    env["TEARDOWN_CUPTI"] = "0" if os.environ.get("TEARDOWN_CUPTI") == "0" else "1"
     return env
 
 
