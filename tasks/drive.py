@@ -149,14 +149,23 @@ class Session:
             self.check_s[kind] = self.check_s.get(kind, 0.0) + time.perf_counter() - started
 
 
-def _limits(stage: str, config: RunConfig) -> Limits:
+def _limits(stage: str, config: RunConfig, problem_source: str | None = None) -> Limits:
+    """A stage's worker limits. Its memory limit makes room for two copies of the problem's
+    parameters (the model built on the host, then moved or copied) where this process knows them:
+    KernelBench's 2_ShallowWideMLP holds 8.6 GB of weights, more than the default limit."""
     wall_s = config.compile_timeout_s if stage in ("compile", "baseline") else config.run_timeout_s
     on_cpu = config.backend == "cpu"
+    memory_mb = config.memory_limit_mb
+    known = problem_source and trusted.known_parameter_bytes(
+        problem_source, config.backend, config.effective_size_preset()
+    )
+    if memory_mb is not None and known:
+        memory_mb += -(-2 * known // 2**20)
     return Limits(
         wall_s=wall_s,
         cpu_s=int(wall_s * 4) + 10,
-        memory_mb=config.memory_limit_mb if on_cpu else None,
-        resident_mb=None if on_cpu else config.memory_limit_mb,
+        memory_mb=memory_mb if on_cpu else None,
+        resident_mb=None if on_cpu else memory_mb,
     )
 
 
@@ -188,14 +197,11 @@ def _session(
     request = _request("session", problem_source, candidate_source, config, model)
     pool = worker_pool(config.effective_worker_pool())
     kernel_cache = Path(config.cache_dir) / "kernels"
-    with conversation(request, _limits(stage, config), kernel_cache, config.threads, pool, stage) as talk:
-        try:
-            with trace.span("runtime", mode=stage):
-                runtime = trusted.runtime_for(
-                    problem_source, config.backend, request.size_preset, request.init_seed, config.gpu_index
-                )
-        except trusted.ReferenceFailed as exc:
-            raise _failure("runtime_error", "reference_failed", str(exc)) from None
+    if config.backend == "cpu" and trusted.known_parameter_bytes(problem_source, "cpu", request.size_preset) is None:
+        _runtime(stage, problem_source, config, request)  # a problem's first stage: its limit needs the size
+    limits = _limits(stage, config, problem_source)
+    with conversation(request, limits, kernel_cache, config.threads, pool, stage) as talk:
+        runtime = _runtime(stage, problem_source, config, request)
         started = time.perf_counter()
         ahead = _inputs_ahead(runtime, calls_ahead)
         made = time.perf_counter()
@@ -215,6 +221,16 @@ def _session(
             yield session
         finally:
             buffers.close()
+
+
+def _runtime(stage: str, problem_source: str, config: RunConfig, request: WorkerRequest) -> trusted.ProblemRuntime:
+    try:
+        with trace.span("runtime", mode=stage):
+            return trusted.runtime_for(
+                problem_source, config.backend, request.size_preset, request.init_seed, config.gpu_index
+            )
+    except trusted.ReferenceFailed as exc:
+        raise _failure("runtime_error", "reference_failed", str(exc)) from None
 
 
 def _inputs_ahead(runtime: trusted.ProblemRuntime, calls: int) -> collections.deque:

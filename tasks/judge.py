@@ -56,5 +56,5 @@ def evaluate_in_worker(
         raise ValueError(f"no stage {mode!r}")
     request = drive._request("compile", problem_source, candidate_source, config, "candidate")
     pool = worker_pool(config.effective_worker_pool())
-    limits = drive._limits("compile", config)
+    limits = drive._limits("compile", config, problem_source)
     return run_worker(request, limits, Path(config.cache_dir) / "kernels", config.threads, pool)

@@ -26,7 +26,13 @@ def broken_reference(problem_id: str, baseline: dict[str, Any]) -> str | None:
     """Why no candidate of this problem can be judged (its reference fails in the baseline), or None."""
     if baseline.get("outcome") == "correct":
         return None
-    return f"{problem_id}: the reference itself fails, skipping the problem\n{baseline.get('error_excerpt')}"
+    excerpt = baseline.get("error_excerpt")
+    if baseline.get("error_class") == "out_of_memory":  # the worker's host memory limit, not the reference
+        return (
+            f"{problem_id}: the reference's worker went over its host memory limit, skipping the problem: "
+            f"raise memory_limit_mb (a setting) for it\n{excerpt}"
+        )
+    return f"{problem_id}: the reference itself fails, skipping the problem\n{excerpt}"
 
 
 def after_attempt(reply: GenerationReply, row: dict[str, Any], recommendation: str | None) -> NextIteration:

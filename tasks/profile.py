@@ -64,7 +64,7 @@ def profile_in_worker(
         input_seed=new_seed(),
         max_rows=MAX_ROWS,
     )
-    limits = drive._limits("compile", config)  # its import and construction as the compile stage's
+    limits = drive._limits("compile", config, problem_source)  # its import and construction as the compile stage's
     ncu_path = ncu.find_ncu(config.backend)
     warning = None
     if ncu_path is not None and ncu_path in _ncu_given_up:

@@ -27,6 +27,9 @@ _generator_lock = threading.Lock()
 _runtimes_lock = threading.Lock()
 _profiler_lock = threading.Lock()
 _runtimes: OrderedDict[tuple, ProblemRuntime] = OrderedDict()
+# Each problem's parameter and buffer bytes, kept when its runtime is dropped: the workers' memory
+# limits make room for them (tasks/drive.py `_limits`)
+_parameter_bytes: dict[tuple, int] = {}
 
 
 class ReferenceFailed(Exception):
@@ -74,11 +77,22 @@ def runtime_for(
             _runtimes.move_to_end(key)
             return runtime
     runtime = _build(problem_source, backend, size_preset, init_seed, gpu_index)
+    from tasks.memory import parameter_bytes
+
     with _runtimes_lock:
         _runtimes[key] = runtime
+        _parameter_bytes[key[:3]] = parameter_bytes(runtime.reference)
         while len(_runtimes) > KEPT_RUNTIMES:
             _runtimes.popitem(last=False)
     return runtime
+
+
+def known_parameter_bytes(problem_source: str, backend: str, size_preset: str | None) -> int | None:
+    """The bytes of the reference's parameters and buffers, where its runtime has been built in this
+    process (None where not yet)."""
+    key = (hashlib.sha256(problem_source.encode()).hexdigest(), backend, size_preset)
+    with _runtimes_lock:
+        return _parameter_bytes.get(key)
 
 
 def _build(

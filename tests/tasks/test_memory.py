@@ -229,3 +229,40 @@ def test_a_problem_waiting_for_device_memory_gives_up_when_kforge_stops_and_leav
         assert not thread.is_alive() and outcome == ["stopped"]  # while the holder still holds
     with budget.reserve(60 * GB, 100 * GB):  # the queue holds no dead ticket: the next one is granted
         assert budget.reserved() == (60 * GB, 1)
+
+
+BIG_WEIGHTS_PROBLEM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("weights", torch.zeros(16 << 20))  # 64 MiB
+
+    def forward(self, x):
+        return x + self.weights[: x.numel()].view_as(x)
+
+def get_inputs():
+    return [torch.randn(64)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_workers_memory_limit_makes_room_for_two_copies_of_the_problems_weights(config):
+    """The limit a stage's worker gets is the setting plus twice the reference's parameter and
+    buffer bytes, once this process has built the reference (as a problem's first stage does)."""
+    from tasks import drive, trusted
+
+    before = drive._limits("verify", config, BIG_WEIGHTS_PROBLEM)
+    result = evaluate_in_worker("baseline", BIG_WEIGHTS_PROBLEM, None, config)
+    assert result["outcome"] == "correct", result
+    after = drive._limits("verify", config, BIG_WEIGHTS_PROBLEM)
+
+    assert trusted.known_parameter_bytes(BIG_WEIGHTS_PROBLEM, "cpu", None) == 64 << 20
+    assert (before.memory_mb, after.memory_mb) == (config.memory_limit_mb, config.memory_limit_mb + 128)
+    # known per backend and size preset: the GPU sizes of the same problem are not known from these
+    gpu = config.model_copy(update={"backend": "cuda"})
+    assert drive._limits("verify", gpu, BIG_WEIGHTS_PROBLEM).resident_mb == config.memory_limit_mb
