@@ -18,7 +18,8 @@ than the orchestrator saw it take (INTEGRITY.md rows 12, 14, 15, 17):
   to that floor for the candidate and its pair alike, so a forged claim gains nothing on the median,
   and the baselines are compared in the same kind of time (tasks/measure.py).
 - Verify judges every call's output. Timing judges a sample drawn by the orchestrator as the calls
-  go (reservoir sampling, so no call knows whether it will be judged) and always the last call; a
+  go (reservoir sampling, so no call knows whether it will be judged) and always the last call, all
+  of them unwatched (the last call is never a watched one); a
   wrong output there is `integrity_violation`/`timed_output`. The number of calls varies. On a GPU
   the clock stops once this process has copied the outputs, and with a paired reference (given the
   same inputs) every timed call's copy is compared with the reference's: a reply sent before the
@@ -604,7 +605,7 @@ def _timed_calls(
     first ECHO_CALLS; returns (timed calls, echo round trips, judged sample, and the partner's timed
     and echo calls). With `judge`, the sample is a reservoir sample of the timed calls' outputs and
     the last one's, as (call index, call, output), and one call in RECORDED_TIMED_SHARE on average
-    records its ops.
+    records its ops (never the last: a stage whose ending call was watched makes one more).
 
     A `partner` session (the trusted reference) gets a call of the same kind beside each of
     `session`'s, in alternating order (ABBA): both are timed under the same conditions, whatever the
@@ -640,11 +641,17 @@ def _timed_calls(
     spent_ms = 0.0
     counted_before = _all_cpu(session)
     partner_before = _all_cpu(partner) if partner else None
+    finishing = False  # the call that would have ended the stage was watched: one more ends it
     for index in range(config.max_timed_runs):
         if len(echoes) < ECHO_CALLS or secrets.randbelow(ECHO_SHARE) == 0:
             with session.spending("echo"):
                 echoes.append(paired(echo=True))
-        record = judge and secrets.randbelow(RECORDED_TIMED_SHARE) == 0
+        record = (
+            judge
+            and not finishing
+            and index < config.max_timed_runs - 1
+            and secrets.randbelow(RECORDED_TIMED_SHARE) == 0
+        )
         if record:  # a watched call is not timed, and has no partner
             with session.spending("watched_calls"):
                 call = _call(session, record=True)
@@ -653,15 +660,22 @@ def _timed_calls(
             call = paired(index=index) if judge else paired()
             timed.append(call)
         spent_ms += call.claimed_ms
-        last = index == config.max_timed_runs - 1 or (
-            len(timed) >= config.min_timed_runs and spent_ms >= config.timing_budget_s * 1000
+        last = (
+            finishing
+            or index == config.max_timed_runs - 1
+            or (len(timed) >= config.min_timed_runs and spent_ms >= config.timing_budget_s * 1000)
         )
-        if judge and last:
-            sample.append((index, call, _snapshot(session, call)))
-        elif judge and len(sample) < JUDGED_TIMED_CALLS:
-            sample.append((index, call, _snapshot(session, call)))
-        elif judge and (slot := secrets.randbelow(index + 1)) < JUDGED_TIMED_CALLS:
-            sample[slot] = (index, call, _snapshot(session, call))
+        if last and record:
+            finishing, last = True, False
+        # The sample is of timed calls only, and always holds the last: a candidate that computes
+        # only while watched (its flags differ then) is caught whichever calls were watched
+        if judge and not record:
+            if last:
+                sample.append((index, call, _snapshot(session, call)))
+            elif len(sample) < JUDGED_TIMED_CALLS:
+                sample.append((index, call, _snapshot(session, call)))
+            elif (slot := secrets.randbelow(len(timed))) < JUDGED_TIMED_CALLS:
+                sample[slot] = (index, call, _snapshot(session, call))
         call.inputs = []  # judged from its seed: 100 calls' inputs of a 6 GB problem would not fit
         if last:
             break
