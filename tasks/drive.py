@@ -198,11 +198,12 @@ def _session(
     request = _request("session", problem_source, candidate_source, config, model)
     pool = worker_pool(config.effective_worker_pool())
     kernel_cache = Path(config.cache_dir) / "kernels"
-    if config.backend == "cpu" and trusted.known_parameter_bytes(problem_source, "cpu", request.size_preset) is None:
-        _runtime(stage, problem_source, config, request)  # a problem's first stage: its limit needs the size
+    # On the cpu the reference is built (or found kept) before the worker starts: the worker's memory
+    # limit needs its size. A GPU backend built it for the memory plan, inside the GPU slot.
+    runtime = _runtime(stage, problem_source, config, request) if config.backend == "cpu" else None
     limits = _limits(stage, config, problem_source)
     with conversation(request, limits, kernel_cache, config.threads, pool, stage) as talk:
-        runtime = _runtime(stage, problem_source, config, request)
+        runtime = runtime or _runtime(stage, problem_source, config, request)
         started = time.perf_counter()
         ahead = _inputs_ahead(runtime, calls_ahead)
         made = time.perf_counter()
