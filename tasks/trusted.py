@@ -61,6 +61,28 @@ def warm_profiler() -> None:
         pass
 
 
+_device_traces: dict[int, bool] = {}
+
+
+def device_traces_work(device: Any) -> bool:
+    """Whether the torch profiler's device trace, as the workers take it on watched calls, names the
+    gate and marker kernels on this GPU, tried once per GPU in this process: where it does, a
+    watched call whose trace lacks them had its trace turned off by the candidate."""
+    index = device.index or 0
+    with _profiler_lock:
+        if index not in _device_traces:
+            import torch
+
+            from tasks.harness.dispatch import record_ops
+
+            with torch.cuda.device(index):
+                _, _, outside_ms = record_ops(lambda: None, device_kernels=True)
+            _device_traces[index] = outside_ms is not None
+            if outside_ms is None:
+                print(f"kforge: warning: no device trace on GPU {index}: side streams are not checked", flush=True)
+        return _device_traces[index]
+
+
 def new_seed() -> int:
     return secrets.randbits(62)
 

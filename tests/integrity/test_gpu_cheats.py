@@ -93,6 +93,43 @@ def test_one_small_launch_on_a_private_stream_is_caught(config, ordered_after):
 
 
 HONEST = (ROOT / "kernels_ref" / "cuda" / "1_relu.py").read_text()
+
+
+# Row 16 against the trace itself: native code (ctypes here) turns CUPTI's kernel records off inside
+# forward, so the watched call's device trace holds neither the marker nor the hidden launch.
+CUPTI_HELPER = """import ctypes
+
+
+def _cupti():
+    with open("/proc/self/maps") as maps:
+        return ctypes.CDLL(next(line.split()[-1] for line in maps if "/libcupti.so" in line))
+
+
+class ModelNew(nn.Module):"""
+
+
+def trace_turned_off() -> str:
+    source = private_stream_relu(ordered_after=False, joined=False)
+    source = source.replace("class ModelNew(nn.Module):", CUPTI_HELPER, 1).replace(
+        "        side = torch.cuda.Stream()\n",
+        "        _cupti().cuptiActivityDisable(10)  # CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL\n"
+        "        side = torch.cuda.Stream()\n",
+    )
+    assert "cuptiActivityDisable" in source and "def _cupti" in source
+    return source
+
+
+def test_a_candidate_that_turns_the_device_trace_off_is_caught(config):
+    """Without the trace's gate and marker the side-stream check has nothing to stand on: where this
+    process's own trace of the same kind names them, a watched call's trace without them is the
+    candidate's doing (device_trace), not a pass. The honest kernel's trace has them."""
+    gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
+    hidden = evaluate_in_worker("verify", PROBLEM, trace_turned_off(), gpu)
+    assert (hidden.get("outcome"), hidden.get("error_class")) == ("integrity_violation", "device_trace"), hidden
+    honest = evaluate_in_worker("verify", PROBLEM, HONEST, gpu)
+    assert honest["outcome"] == "correct", honest
+
+
 # Row 5: an output buffer the kernel never writes, in the hope that it holds the reference's result
 # from memory the reference freed. The reference runs in another process, and fresh memory reads NaN.
 UNWRITTEN = HONEST.replace("lib.relu(x, y, x.numel())", "pass")
