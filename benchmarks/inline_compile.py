@@ -1,7 +1,8 @@
 """Compile time of KernelBench-style `load_inline` candidates through kforge's compile stage, as
-torch builds them (`plain`) and with kforge's compatibility path (`fast`), side by side in one run.
+torch builds them (`plain`), with kforge's compatibility path (`fast`) and, on cuda, with the CUDA
+source split into kernels and host code (`split`, KFORGE_INLINE_BUILD=split), side by side in one run.
 
-    python benchmarks/inline_compile.py [--backend cuda|cpu] [--candidates 5]
+    python benchmarks/inline_compile.py [--backend cuda|cpu] [--candidates 5] [--modes plain,fast,split]
 
 Each candidate is written here in the shape of KernelBench's examples (a `cpp_src` declaration, a
 `cuda_src` that includes `<torch/extension.h>`, `load_inline(name=..., functions=[...])` at module
@@ -9,7 +10,8 @@ level; on `--backend cpu` the kernel is C++ in `cpp_sources`). Every build runs 
 stage (`tasks.judge.evaluate_in_worker("compile", ...)`: a sandboxed worker imports the candidate)
 with a kernel cache of each path's own, which starts empty (the fast one holds only the precompiled
 header, built once before the table, and timed): each candidate's sources are new to it, so torch
-really builds. `plain` and `fast` alternate per candidate, one build at a time.
+really builds (fast and split each precompile the header into their own cache first, timed).
+Each path goes first in turn per candidate, one build at a time.
 Rows: `compile_s` (the worker's import of the candidate: the build) and `stage_s` (the compile
 stage's wall time, worker start included), then `again_s`: the same candidate's compile stage once
 more over its own cache, what its verify and time stages pay.
@@ -262,16 +264,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--candidates", type=int, default=5)
+    parser.add_argument("--modes", default="plain,fast,split", help="of plain, fast, split (split: cuda only)")
     args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if args.backend == "cuda" or m != "split"]
     scratch = Path(tempfile.mkdtemp(prefix="kforge-inline-"))
-    start = time.perf_counter()
-    header = extensions.prepare_header(scratch / "fast" / "kernels")
-    header_s = time.perf_counter() - start
-    print(f"precompiled torch/extension.h: {header_s:.1f} s, once per toolchain ({'ok' if header else 'FAILED'})")
-    rows: dict[str, list[dict]] = {"plain": [], "fast": []}
+    for mode in modes:
+        if mode != "plain":
+            start = time.perf_counter()
+            header = extensions.prepare_header(scratch / mode / "kernels")
+            header_s = time.perf_counter() - start
+            state = "ok" if header else "FAILED"
+            print(f"precompiled torch/extension.h for {mode}: {header_s:.1f} s, once per toolchain ({state})")
+    rows: dict[str, list[dict]] = {mode: [] for mode in modes}
 
     for index, (problem, candidate) in enumerate(cases(args.backend)[: args.candidates]):
-        for mode in ["plain", "fast"] if index % 2 == 0 else ["fast", "plain"]:
+        for mode in modes[index % len(modes) :] + modes[: index % len(modes)]:  # each mode first in turn
             config = RunConfig(cache_dir=str(scratch / mode), backend=args.backend, worker_pool=0)
             row = compile_once(problem, candidate, config, mode)
             rows[mode].append(row)

@@ -20,7 +20,10 @@ Two measures make these builds faster (benchmarks/inline_compile.py has the figu
   `#include <torch/extension.h>` there (every KernelBench example has it) pulls in the whole C++
   frontend and pybind11 for nvcc to parse. The wrapper drops that line; when the lighter build
   fails, the candidate's sources are built as written, so a compile error is always its own.
-KFORGE_INLINE_BUILD=plain turns both off.
+- `KFORGE_INLINE_BUILD=split` (not yet the default: measured on the CPU only) first builds the CUDA
+  part split in two (tasks/harness/cuda_split.py): the kernels alone for nvcc, behind an empty
+  torch/types.h, and the host code in main.cpp with the precompiled header.
+KFORGE_INLINE_BUILD=plain turns them off.
 """
 
 from __future__ import annotations
@@ -154,6 +157,31 @@ def _trimmed(arguments: dict[str, Any]) -> dict[str, Any]:
     return arguments
 
 
+def _halved(arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """load_inline's arguments with cuda_sources split (tasks/harness/cuda_split.py): its kernels
+    stay in cuda_sources, its host code follows cpp_sources. None where it does not split."""
+    from tasks.harness import cuda_split
+
+    cuda_sources = arguments.get("cuda_sources")
+    if isinstance(cuda_sources, list | tuple) and all(isinstance(s, str) for s in cuda_sources):
+        cuda_sources = "\n".join(cuda_sources)
+    if not isinstance(cuda_sources, str) or not (halves := cuda_split.split(cuda_sources)):
+        return None
+    kernels, host = halves
+    cpp_sources = arguments.get("cpp_sources") or []
+    cpp_sources = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources)
+    return {**arguments, "cuda_sources": kernels, "cpp_sources": [*cpp_sources, host]}
+
+
+def _with_shadow(arguments: dict[str, Any]) -> dict[str, Any]:
+    """An empty torch/types.h ahead of torch's for nvcc alone (load_inline puts that header on top of
+    cuda_sources; a split source's kernels need none of it), in the build's own directory."""
+    shadow = Path(arguments["build_directory"]) / "kforge-shadow"
+    (shadow / "torch").mkdir(parents=True, exist_ok=True)
+    (shadow / "torch" / "types.h").write_text("// the kernels of a split source use no torch (kforge)\n")
+    return {**arguments, "extra_cuda_cflags": [f"-I{shadow}", *(arguments.get("extra_cuda_cflags") or [])]}
+
+
 def _wrapped(function_name: str, original: Callable[..., Any], root: Path) -> Callable[..., Any]:
     from torch.utils import cpp_extension
 
@@ -174,13 +202,18 @@ def _wrapped(function_name: str, original: Callable[..., Any], root: Path) -> Ca
         except TypeError:
             return original(*args, **kwargs)  # torch reports the bad call itself
         arguments = dict(bound.arguments)
-        if function_name == "load_inline" and os.environ.get("KFORGE_INLINE_BUILD", "fast") != "plain":
+        mode = os.environ.get("KFORGE_INLINE_BUILD", "fast")
+        if function_name == "load_inline" and mode != "plain":
             cache = os.environ.get("KFORGE_KERNEL_CACHE")
             arguments = _with_header(arguments, Path(cache) if cache else None)
-            trimmed = _trimmed(arguments)
-            if trimmed != arguments:
+            lighter = []  # the lighter builds, tried in order before the source as written
+            if mode == "split" and (halved := _halved(arguments)):
+                lighter.append(_with_shadow(in_own_directory(halved)))
+            if (trimmed := _trimmed(arguments)) != arguments:
+                lighter.append(in_own_directory(trimmed))
+            for attempt in lighter:
                 try:
-                    return original(**in_own_directory(trimmed))
+                    return original(**attempt)
                 except Exception:  # noqa: BLE001 - built again as written below: its own error, if any
                     # torch would call the second build of the same name `<name>_v1` in its messages
                     cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(arguments.get("name"), None)
