@@ -31,6 +31,9 @@ from tasks import trace
 
 TIMING_MODES = ("time", "baseline")
 PAIRED_MODE = "paired"
+# A GPU backend's torch.compile baseline: its worker starts and compiles sharing the host, and
+# takes the GPU slot for its timed calls only (`timing_after_setup`)
+COMPILED_BASELINE_MODE = "baseline-compiled"
 GPU_MODES = ("verify", "time", "baseline", "profile")  # every stage that runs on the device
 _gpu_slots: dict[int, threading.Lock] = {}  # one timing slot per GPU index (tasks/gpus.py)
 _gpu_slots_lock = threading.Lock()
@@ -113,6 +116,15 @@ def device_slot(backend: str, mode: str, gpu: int = 0) -> Any:
     if backend not in ("cuda", "triton"):
         return contextlib.nullcontext()
     return _gpu_stage(mode in GPU_MODES, mode, gpu)
+
+
+def timing_after_setup(backend: str, gpu: int = 0) -> Any:
+    """Inside a COMPILED_BASELINE_MODE stage of a GPU backend: its GPU's slot, for the timed calls
+    (the stage holds the host's shared side already). Elsewhere nothing: those stages hold their
+    slot from their start."""
+    if backend not in ("cuda", "triton"):
+        return contextlib.nullcontext()
+    return _traced(_gpu_slot(gpu), "baseline", gpu)
 
 
 @contextlib.contextmanager

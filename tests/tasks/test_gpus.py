@@ -116,3 +116,27 @@ def test_spares_bound_to_two_gpus_of_one_run_are_both_kept(tmp_path):
         for worker in (first, second):
             worker.process.kill()
         pool.close()
+
+
+def test_a_torch_compile_baseline_compiles_beside_another_stage_and_times_in_the_slot():
+    """Its stage shares the host without the GPU's slot (the first call compiles, for minutes on
+    KernelBench's level 3), and takes the slot for its timed calls, behind the stage holding it."""
+    inside, order = threading.Event(), []
+
+    def time_a_candidate():
+        with slots.device_slot("cuda", "time", 0):
+            inside.set()
+            time.sleep(0.4)
+            order.append("candidate timed")
+
+    holder = threading.Thread(target=time_a_candidate)
+    holder.start()
+    inside.wait(10)
+    with slots.device_slot("cuda", slots.COMPILED_BASELINE_MODE, 0):
+        order.append("baseline compiled")  # while the candidate still holds the GPU
+        with slots.timing_after_setup("cuda", 0):
+            order.append("baseline timed")
+    holder.join(10)
+    assert order == ["baseline compiled", "candidate timed", "baseline timed"]
+    with slots.timing_after_setup("cpu"):  # the cpu's stage held its slot from its start
+        pass

@@ -1,0 +1,25 @@
+"""The baseline stage: the reference timed eagerly and under torch.compile, a failing torch.compile
+recorded beside the eager figures."""
+
+from pathlib import Path
+
+from tasks.judge import evaluate_in_worker
+
+PROBLEM = (Path(__file__).resolve().parents[2] / "data" / "problems" / "smoke" / "1_relu.py").read_text()
+
+
+def test_the_reference_is_timed_eagerly_and_under_torch_compile(config):
+    result = evaluate_in_worker("baseline", PROBLEM, None, config.model_copy(update={"torch_compile_baseline": True}))
+    assert result["outcome"] == "correct", result
+    assert result["eager_ms"] > 0 and result["compile_ms"] > 0, result
+    assert result["torch_compile_error"] is None, result
+
+
+def test_a_torch_compile_that_fails_on_its_first_call_keeps_the_eager_time(config, monkeypatch):
+    """torch.compile is lazy: inductor builds on the first call, here with a C++ compiler that does
+    not exist. That loses the compiled figure only, with the reason."""
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    result = evaluate_in_worker("baseline", PROBLEM, None, config.model_copy(update={"torch_compile_baseline": True}))
+    assert result["outcome"] == "correct", result
+    assert result["eager_ms"] > 0 and result.get("compile_ms") is None, result
+    assert result["torch_compile_error"], result
