@@ -214,7 +214,9 @@ def _wrapped(function_name: str, original: Callable[..., Any], root: Path) -> Ca
             for attempt in lighter:
                 try:
                     return original(**attempt)
-                except Exception:  # noqa: BLE001 - built again as written below: its own error, if any
+                except Exception as exc:  # noqa: BLE001 - built again as written below: its own error, if any
+                    tail = " ".join(str(exc).split())[-300:]
+                    print(f"kforge: a lighter build of {arguments.get('name')} failed ({tail})", file=sys.stderr)
                     # torch would call the second build of the same name `<name>_v1` in its messages
                     cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(arguments.get("name"), None)
         return original(**in_own_directory(arguments))
