@@ -29,7 +29,7 @@ _profiler_lock = threading.Lock()
 _runtimes: OrderedDict[tuple, ProblemRuntime] = OrderedDict()
 # Each problem's parameter and buffer bytes, kept when its runtime is dropped: the workers' memory
 # limits make room for them (tasks/drive.py `_limits`)
-_parameter_bytes: dict[tuple, int] = {}
+_parameter_bytes: dict[tuple, int | None] = {}
 
 
 class ReferenceFailed(Exception):
@@ -110,11 +110,30 @@ def runtime_for(
 
 
 def known_parameter_bytes(problem_source: str, backend: str, size_preset: str | None) -> int | None:
-    """The bytes of the reference's parameters and buffers, where its runtime has been built in this
-    process (None where not yet)."""
+    """The bytes of the reference's parameters and buffers: as its runtime was built in this process,
+    or else as its Model builds them on torch's meta device, which allocates nothing (KernelBench's
+    2_ShallowWideMLP: 8.6 GB, known in milliseconds before any worker starts); None where the Model
+    cannot be built there (an __init__ that reads its tensors' values)."""
     key = (hashlib.sha256(problem_source.encode()).hexdigest(), backend, size_preset)
     with _runtimes_lock:
-        return _parameter_bytes.get(key)
+        if key in _parameter_bytes:
+            return _parameter_bytes[key]
+    estimate = _meta_parameter_bytes(problem_source, size_preset)
+    with _runtimes_lock:  # a None is kept too: the problem is not loaded again for each stage
+        return _parameter_bytes.setdefault(key, estimate)
+
+
+def _meta_parameter_bytes(problem_source: str, size_preset: str | None) -> int | None:
+    import torch
+
+    from tasks.memory import parameter_bytes
+
+    try:
+        module = _load(problem_source, size_preset)
+        with _generator_lock, torch.device("meta"):  # no problem's inputs are drawn meanwhile
+            return parameter_bytes(module.Model(*module.get_init_inputs()))
+    except Exception:  # noqa: BLE001 - whatever the problem file raises: its real build reports it
+        return None
 
 
 def _build(

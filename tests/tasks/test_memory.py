@@ -253,16 +253,22 @@ def get_init_inputs():
 
 def test_a_workers_memory_limit_makes_room_for_two_copies_of_the_problems_weights(config):
     """The limit a stage's worker gets is the setting plus twice the reference's parameter and
-    buffer bytes, once this process has built the reference (as a problem's first stage does)."""
+    buffer bytes: known before any worker starts (the Model built on torch's meta device, as a
+    compile stage on a GPU needs it), and as built once this process has built the reference."""
     from tasks import drive, trusted
 
-    before = drive._limits("verify", config, BIG_WEIGHTS_PROBLEM)
+    before = drive._limits("compile", config, BIG_WEIGHTS_PROBLEM)
+    gpu = config.model_copy(update={"backend": "cuda"})
+    assert drive._limits("compile", gpu, BIG_WEIGHTS_PROBLEM).resident_mb == config.memory_limit_mb + 128
     result = evaluate_in_worker("baseline", BIG_WEIGHTS_PROBLEM, None, config)
     assert result["outcome"] == "correct", result
     after = drive._limits("verify", config, BIG_WEIGHTS_PROBLEM)
 
     assert trusted.known_parameter_bytes(BIG_WEIGHTS_PROBLEM, "cpu", None) == 64 << 20
-    assert (before.memory_mb, after.memory_mb) == (config.memory_limit_mb, config.memory_limit_mb + 128)
-    # known per backend and size preset: the GPU sizes of the same problem are not known from these
-    gpu = config.model_copy(update={"backend": "cuda"})
-    assert drive._limits("verify", gpu, BIG_WEIGHTS_PROBLEM).resident_mb == config.memory_limit_mb
+    assert (before.memory_mb, after.memory_mb) == (config.memory_limit_mb + 128,) * 2
+    # a Model that cannot be built on the meta device (its __init__ reads a value) is not estimated
+    buffer = 'self.register_buffer("weights", torch.zeros(16 << 20))  # 64 MiB'
+    reads_a_value = BIG_WEIGHTS_PROBLEM.replace(buffer, f"{buffer}\n        self.scale = float(self.weights.sum())")
+    assert reads_a_value != BIG_WEIGHTS_PROBLEM
+    assert trusted.known_parameter_bytes(reads_a_value, "cpu", None) is None
+    assert drive._limits("compile", config, reads_a_value).memory_mb == config.memory_limit_mb
