@@ -465,9 +465,6 @@ def _as_output(session: Session, copies: list[Any]) -> Any:
 def _check_ops(session: Session, call: Call, config: RunConfig) -> None:
     from tasks.harness.dispatch import library_calls, library_kernels
 
-    # Device work that starts before the current stream reached forward or ends after it passed
-    # forward's end ran on a stream not ordered with the current one (INTEGRITY.md rows 2 and 16),
-    # whatever its size
     # A watched GPU call's trace without its gate and marker, where this process's own trace has them,
     # was stopped or emptied by the candidate: the side-stream check would have nothing to judge
     untraced = call.device_overrun_ms is None and session.runtime.device.type == "cuda"
@@ -477,6 +474,9 @@ def _check_ops(session: Session, call: Call, config: RunConfig) -> None:
             "stopped the profiler or turned its device activity off; leave the profiler alone"
         )
         raise _failure("integrity_violation", "device_trace", excerpt)
+    # Device work that starts before the current stream reached forward or ends after it passed
+    # forward's end ran on a stream not ordered with the current one (INTEGRITY.md rows 2 and 16),
+    # whatever its size
     if (overrun := call.device_overrun_ms) is not None and overrun > SIDE_STREAM_SLACK_MS:
         excerpt = (
             f"ModelNew.forward ran device work outside the current stream's span of the call ({overrun:.4f} ms "

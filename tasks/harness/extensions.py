@@ -177,8 +177,10 @@ def _with_shadow(arguments: dict[str, Any]) -> dict[str, Any]:
     """An empty torch/types.h ahead of torch's for nvcc alone (load_inline puts that header on top of
     cuda_sources; a split source's kernels need none of it), in the build's own directory."""
     shadow = Path(arguments["build_directory"]) / "kforge-shadow"
-    (shadow / "torch").mkdir(parents=True, exist_ok=True)
-    (shadow / "torch" / "types.h").write_text("// the kernels of a split source use no torch (kforge)\n")
+    header = shadow / "torch" / "types.h"
+    if not header.exists():  # written once: a newer header would have ninja build the kernels again
+        header.parent.mkdir(parents=True, exist_ok=True)
+        header.write_text("// the kernels of a split source use no torch (kforge)\n")
     return {**arguments, "extra_cuda_cflags": [f"-I{shadow}", *(arguments.get("extra_cuda_cflags") or [])]}
 
 
