@@ -80,6 +80,7 @@ class Stopping(Exception):
 # Every worker process alive, so that a run told to stop ends the stages in flight at once instead of
 # waiting for them (the Prefect runner cannot leave while its threads still run a stage).
 _live: set[subprocess.Popen] = set()
+_uids: dict[int, int] = {}  # a live worker's pid -> its user id (tasks/harness/sandbox.py `next_uid`)
 _live_lock = threading.Lock()
 _stopping = threading.Event()
 STOPPING = "kforge is stopping (a termination signal): the stage did not finish; `kforge retry RUN_ID` redoes it"
@@ -190,6 +191,7 @@ def _start_worker(
     with `request_json` written there first if given, under `wrapper` (an argv prefix run inside
     the sandbox: ncu, tasks/profile.py; {control} in it too)."""
     check_stopping()
+    sandbox_env: dict[str, str] = {}
     try:
         control = tempfile.TemporaryDirectory(prefix="kforge-ctl-", dir=scratch_root())
         work = tempfile.TemporaryDirectory(prefix="kforge-run-")
@@ -216,9 +218,13 @@ def _start_worker(
             start_new_session=True,
         )
     except OSError as exc:
+        if uid := sandbox_env.get(sandbox.ENV_UID):  # picked for a worker that never started
+            sandbox.release_uid(int(uid))
         raise InfrastructureError(f"cannot start the evaluation worker: {exc}") from exc
     with _live_lock:
         _live.add(process)
+        if uid := sandbox_env.get(sandbox.ENV_UID):
+            _uids[process.pid] = int(uid)
     if _stopping.is_set():  # stop_workers() ran while this one started
         _kill_session(process)
     return _Worker(process, control, work, log_file)
@@ -385,11 +391,14 @@ def _kill_session(process: subprocess.Popen) -> None:
     """Kill the worker and anything it spawned, then reap it."""
     with _live_lock:
         _live.discard(process)
+        uid = _uids.pop(process.pid, None)
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     process.wait()
+    if uid is not None:  # its namespace's processes ended with it
+        sandbox.release_uid(uid)
     for stream in (process.stdin, process.stdout):
         with contextlib.suppress(OSError, ValueError):
             if stream is not None:

@@ -58,7 +58,10 @@ class WorkerPool:
             worker = ready.pop(0) if ready else None
         for spare in stale:
             _close(spare)
-        if worker is None or worker.process.poll() is not None:
+        if worker is not None and worker.process.poll() is not None:
+            _close(worker)  # it died waiting: its directories and user id go with it
+            worker = None
+        if worker is None:
             worker = self._start_standby(env, warm_device)
         if refill_now:
             self._refill(key, env, warm_device)

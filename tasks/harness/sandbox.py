@@ -34,6 +34,7 @@ without the sandbox).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import itertools
@@ -45,6 +46,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 LAYERS = ("mount", "pid", "network", "ipc", "uts", "user", "tmp", "shm", "project_readonly", "no_ptrace")
 NAMESPACES = ("mnt", "pid", "net", "ipc", "uts")
@@ -167,15 +169,48 @@ def launcher_argv() -> list[str]:
     return [*_script(), *(["--user"] if mode == "user" else []), "--"]
 
 
-# A random start: two orchestrators on one host rarely hand out the same ids at the same time.
 _uid_counter = itertools.count(int.from_bytes(os.urandom(4), "little") % UID_SPAN)
 _uid_lock = threading.Lock()
+# One lock file per user id in use, on the host (not in any worker's private /tmp): a second kforge
+# process on the host (a nightly run beside a developer's `kforge eval`) skips the ids this one holds
+UID_LOCKS = Path("/dev/shm" if Path("/dev/shm").is_dir() else "/tmp") / "kforge-uids"
+_held_uids: dict[int, Any] = {}  # user id -> its locked file, while its worker lives
 
 
 def next_uid() -> int:
-    """A user id of its own for the next worker: 200000 + a counter modulo 50000 (never 0)."""
+    """A user id of its own for the next worker: 200000 + a counter modulo 50000 (never 0), none
+    that a live worker of this or another kforge process on the host holds. Held until `release_uid`."""
+    import fcntl
+
+    UID_LOCKS.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _uid_lock:
-        return UID_BASE + next(_uid_counter) % UID_SPAN
+        for _ in range(UID_SPAN):
+            uid = UID_BASE + next(_uid_counter) % UID_SPAN
+            if uid in _held_uids:
+                continue
+            path = UID_LOCKS / str(uid)
+            held = open(path, "w")  # noqa: SIM115 - kept open while the worker lives
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                # the file is removed on release: one locked after its holder removed it is not the id's
+                if os.fstat(held.fileno()).st_ino != path.stat().st_ino:
+                    raise OSError("released meanwhile")
+            except OSError:
+                held.close()
+                continue
+            _held_uids[uid] = held
+            return uid
+    raise RuntimeError(f"every worker user id ({UID_BASE}-{UID_BASE + UID_SPAN - 1}) is in use on this host")
+
+
+def release_uid(uid: int) -> None:
+    """The user id of a worker that has ended (and everything it started) is free again."""
+    with _uid_lock:
+        held = _held_uids.pop(uid, None)
+    if held is not None:
+        with contextlib.suppress(OSError):
+            (UID_LOCKS / str(uid)).unlink()  # before the lock goes: no one else holds the id meanwhile
+        held.close()
 
 
 def _shared_caches(env: dict[str, str]) -> list[tuple[Path, bool]]:

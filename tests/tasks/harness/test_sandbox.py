@@ -20,6 +20,7 @@ import re
 import secrets
 import socket
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -296,3 +297,44 @@ def test_worker_signals_and_hangs_end_as_before(tmp_path):
     assert (spin["outcome"], spin["error_class"]) == ("timeout", "cpu_time_limit"), spin
     assert (hung["outcome"], hung["error_class"]) == ("timeout", "wall_time_limit"), hung
     assert alive == [], f"the hung worker's setsid grandchild outlived it: {alive}"
+
+
+HOLDER = """
+import itertools, sys
+from pathlib import Path
+from tasks.harness import sandbox
+sandbox.UID_LOCKS = Path(sys.argv[1])
+sandbox._uid_counter = itertools.count(0)  # the same start as the test's: without the locks, the same ids
+print(" ".join(str(sandbox.next_uid()) for _ in range(3)), flush=True)
+sys.stdin.readline()  # held until the test is done
+"""
+
+
+def test_two_kforge_processes_on_one_host_never_hand_out_the_same_user_id(tmp_path, monkeypatch):
+    """Another kforge process (a nightly run beside `kforge eval`) holds three ids; this one, counting
+    from the same start, skips them, and gets the first one back once that is released."""
+    import itertools
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)],
+        cwd=PROJECT_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        theirs = [int(uid) for uid in holder.stdout.readline().split()]
+        monkeypatch.setattr(sandbox, "UID_LOCKS", tmp_path)
+        monkeypatch.setattr(sandbox, "_uid_counter", itertools.count(0))
+        ours = [sandbox.next_uid() for _ in range(3)]
+        assert theirs == [sandbox.UID_BASE + i for i in range(3)], theirs
+        assert ours == [sandbox.UID_BASE + i for i in range(3, 6)], ours
+        sandbox.release_uid(ours[0])
+        monkeypatch.setattr(sandbox, "_uid_counter", itertools.count(3))
+        assert sandbox.next_uid() == ours[0]
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+        for uid in list(sandbox._held_uids):
+            if sandbox.UID_BASE <= uid < sandbox.UID_BASE + 6:
+                sandbox.release_uid(uid)
