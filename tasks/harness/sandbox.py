@@ -182,14 +182,17 @@ def next_uid() -> int:
     that a live worker of this or another kforge process on the host holds. Held until `release_uid`."""
     import fcntl
 
-    UID_LOCKS.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _uid_lock:
         for _ in range(UID_SPAN):
             uid = UID_BASE + next(_uid_counter) % UID_SPAN
             if uid in _held_uids:
                 continue
             path = UID_LOCKS / str(uid)
-            held = open(path, "w")  # noqa: SIM115 - kept open while the worker lives
+            try:
+                UID_LOCKS.mkdir(mode=0o700, parents=True, exist_ok=True)
+                held = open(path, "w")  # noqa: SIM115 - kept open while the worker lives
+            except OSError:  # no place for the locks (a read-only /dev/shm): the random start alone
+                return uid
             try:
                 fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 # the file is removed on release: one locked after its holder removed it is not the id's
