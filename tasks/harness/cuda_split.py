@@ -81,7 +81,9 @@ def _top_level(source: str) -> list[str] | None:
             if char == "{":
                 if depth == 0:
                     head = pending[: pending.index("{")]
-                    waits_for_semicolon = bool(re.search(r"\b(struct|class|union|enum)\b|=", head))
+                    # a type's or an initializer's braces end at a ';' (a function's default arguments are not one)
+                    initializer = "=" in head.split("(")[0]
+                    waits_for_semicolon = initializer or bool(re.search(r"\b(struct|class|union|enum)\b", head))
                 depth += 1
             elif char == "}":
                 depth -= 1
@@ -227,6 +229,9 @@ def split(cuda_source: str) -> tuple[str, str] | None:
 
 
 def _is_type_or_constant(chunk: str) -> bool:
-    """A type or a constant (no function), which neither half can do without, and no torch in it."""
+    """A type, a constant or a constexpr function (inline, and callable from device code with
+    torch's --expt-relaxed-constexpr), which either half may use, and no torch in it."""
+    if TORCH_WORDS.search(chunk) or not TYPE_WORDS.match(chunk):
+        return False
     head = chunk.split("{")[0].split("=")[0]
-    return bool(TYPE_WORDS.match(chunk)) and "(" not in head and not TORCH_WORDS.search(chunk)
+    return "(" not in head or bool(re.match(r"\s*(static\s+)?constexpr\b", chunk))

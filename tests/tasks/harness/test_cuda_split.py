@@ -16,6 +16,7 @@ TILED = r"""
 #define TILE 16  // tile width
 struct Shape { int rows; int cols; };
 constexpr int kUnroll = 4;
+constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 
 __device__ __forceinline__ float twice(float v) { return 2.f * v; }
 
@@ -33,12 +34,12 @@ __global__ void fill_kernel(float* out, float value, int64_t n) {
     if (i < n) out[i] = value;
 }
 
-torch::Tensor scaled_matmul(torch::Tensor A, torch::Tensor B) {
+torch::Tensor scaled_matmul(torch::Tensor A, torch::Tensor B, int64_t block = 256) {
     TORCH_CHECK(A.is_cuda(), "A must be on the GPU");
     Shape s{(int)A.size(0), (int)B.size(1)};
     auto C = torch::empty({s.rows, s.cols}, A.options());
     dim3 threads(TILE, TILE), blocks((s.cols + TILE - 1) / TILE, (s.rows + TILE - 1) / TILE);
-    fill_kernel<<<(C.numel() + 255) / 256, 256>>>(C.data_ptr<float>(), 0.f, C.numel());
+    fill_kernel<<<cdiv(C.numel(), block), block>>>(C.data_ptr<float>(), 0.f, C.numel());
     scaled_matmul_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
         A.data_ptr<float>(), B.data_ptr<float>(), C.data_ptr<float>(), s, (int)A.size(1));
     return C;
@@ -53,15 +54,15 @@ def test_kernels_go_to_nvcc_and_host_code_to_main_cpp():
     assert "__device__ __forceinline__ float twice" in kernels
     assert "#pragma unroll 4" in kernels.split("__global__ void scaled_matmul_kernel")[1]
     assert "struct Shape" in kernels and "#define TILE 16" in kernels and "constexpr int kUnroll" in kernels
+    assert "constexpr int cdiv" in kernels and "constexpr int cdiv" in host  # either half may call it
     assert "torch" not in kernels.replace("kforge", "") and "TORCH_CHECK" not in kernels
     assert f"void {LAUNCH_PREFIX}fill_kernel(dim3 grid, dim3 block, size_t shared, cudaStream_t stream," in kernels
     assert "fill_kernel<<<grid, block, shared, stream>>>(out, value, n);" in kernels
     # the host half: torch's headers, the same types, declared launch functions, no launch syntax
     assert "#include <torch/extension.h>" in host and "struct Shape" in host and "__global__" not in host
     assert "<<<" not in host and "twice" not in host
-    assert (
-        f"{LAUNCH_PREFIX}fill_kernel(dim3((C.numel() + 255) / 256), dim3(256), (size_t)(0), (cudaStream_t)(0), " in host
-    )
+    launch = f"{LAUNCH_PREFIX}fill_kernel(dim3(cdiv(C.numel(), block)), dim3(block), (size_t)(0), (cudaStream_t)(0), "
+    assert launch in host
     # the stream the candidate gave is the one its kernel runs on
     assert "(cudaStream_t)(at::cuda::getCurrentCUDAStream()), A.data_ptr<float>()" in " ".join(host.split())
     assert (
