@@ -46,18 +46,26 @@ def test_problems_in_flight_are_spread_over_the_gpus_and_a_freed_gpu_is_taken_ne
         assert on_cpu.gpu_index == 0 and on_cpu.gpus is None
 
 
-def test_each_gpu_has_its_own_timing_slot():
-    inside, order = threading.Event(), []
+def timing_on_gpu_0(order: list[str], done: str) -> threading.Thread:
+    """A thread that holds GPU 0's timing slot for 0.4 s, started and inside the slot on return;
+    it appends `done` to `order` as it leaves."""
+    inside = threading.Event()
 
-    def hold_gpu_0():
+    def hold():
         with slots.device_slot("cuda", "time", 0):
             inside.set()
             time.sleep(0.4)
-            order.append("gpu 0 done")
+            order.append(done)
 
-    holder = threading.Thread(target=hold_gpu_0)
+    holder = threading.Thread(target=hold)
     holder.start()
     inside.wait(10)
+    return holder
+
+
+def test_each_gpu_has_its_own_timing_slot():
+    order: list[str] = []
+    holder = timing_on_gpu_0(order, "gpu 0 done")
     with slots.device_slot("cuda", "time", 1):  # not blocked by GPU 0's timing
         order.append("gpu 1 timed")
     with slots.device_slot("cuda", "verify", 0):  # waits for it
@@ -121,17 +129,8 @@ def test_spares_bound_to_two_gpus_of_one_run_are_both_kept(tmp_path):
 def test_a_torch_compile_baseline_compiles_beside_another_stage_and_times_in_the_slot():
     """Its stage shares the host without the GPU's slot (the first call compiles, for minutes on
     KernelBench's level 3), and takes the slot for its timed calls, behind the stage holding it."""
-    inside, order = threading.Event(), []
-
-    def time_a_candidate():
-        with slots.device_slot("cuda", "time", 0):
-            inside.set()
-            time.sleep(0.4)
-            order.append("candidate timed")
-
-    holder = threading.Thread(target=time_a_candidate)
-    holder.start()
-    inside.wait(10)
+    order: list[str] = []
+    holder = timing_on_gpu_0(order, "candidate timed")
     with slots.device_slot("cuda", slots.COMPILED_BASELINE_MODE, 0):
         order.append("baseline compiled")  # while the candidate still holds the GPU
         with slots.timing_after_setup("cuda", 0):
