@@ -120,28 +120,37 @@ def prepare_header(root: Path) -> Path | None:
 
     directory = header_directory(root)
     done = directory / "torch" / "extension.h.gch"
-    if done.exists():
+    forwarder = directory / "torch" / "extension.h"
+    if done.exists() and forwarder.exists():
         return directory
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f"{directory.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists():
-            return directory
         (directory / "torch").mkdir(parents=True, exist_ok=True)
-        partial = done.with_name(f"extension.h.gch.{os.getpid()}")
-        try:
-            subprocess.run(_header_command(partial), check=True, capture_output=True, timeout=HEADER_BUILD_TIMEOUT_S)
-        except (OSError, subprocess.SubprocessError):
-            partial.unlink(missing_ok=True)
-            return None
-        os.replace(partial, done)
+        if not done.exists():
+            partial = done.with_name(f"extension.h.gch.{os.getpid()}")
+            try:
+                subprocess.run(
+                    _header_command(partial), check=True, capture_output=True, timeout=HEADER_BUILD_TIMEOUT_S
+                )
+            except (OSError, subprocess.SubprocessError):
+                partial.unlink(missing_ok=True)
+                return None
+            os.replace(partial, done)
+        if not forwarder.exists():
+            # GCC takes a .gch only for the first include of a header; a second
+            # `#include <torch/extension.h>` (a split build's host half, or a candidate's cpp_sources)
+            # then looks for the header itself in this directory and must find the real one.
+            partial = forwarder.with_name(f"extension.h.{os.getpid()}")
+            partial.write_text("#pragma once\n#include_next <torch/extension.h>\n")
+            os.replace(partial, forwarder)
     return directory
 
 
 def _with_header(arguments: dict[str, Any], kernel_cache: Path | None) -> dict[str, Any]:
     """The precompiled header first on the include path, where the orchestrator made one."""
     headers = header_directory(kernel_cache) if kernel_cache else None
-    if not headers or not (headers / "torch" / "extension.h.gch").exists():
+    if not headers or not all((headers / "torch" / name).exists() for name in ("extension.h.gch", "extension.h")):
         return arguments
     return {**arguments, "extra_include_paths": [str(headers), *(arguments.get("extra_include_paths") or [])]}
 

@@ -163,10 +163,6 @@ class ModelNew(nn.Module):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(
-    strict=False,
-    reason="on the H200 (2026-12-04) the worker's split build fell back to the fast one; its error was not captured",
-)
 def test_a_split_build_is_correct_on_the_gpu(config, monkeypatch, tmp_path):
     import torch
 

@@ -390,6 +390,22 @@ def test_same_extension_name_different_code_judged_at_once_each_get_their_own_ve
     assert len(builds) == 2, builds
 
 
+@pytest.mark.slow
+def test_load_inline_that_includes_torch_extension_again_builds_with_the_precompiled_header(config):
+    """load_inline's main.cpp includes torch/extension.h first; a candidate's cpp_sources that include
+    it again (most do) must find the header itself where the precompiled one lies, not fail."""
+    candidate = LOAD_INLINE.replace("NAME", "kforge_test_twice_again").replace(
+        'CPP = r"""\n', 'CPP = r"""\n#include <torch/extension.h>\n'
+    )
+
+    result = evaluate_in_worker("verify", PROBLEM, candidate, config)
+
+    assert outcome_of(result) == ("correct", None), result
+    builds = list((Path(config.cache_dir) / "kernels" / "torch_extensions").glob("kforge_test_twice_again-*"))
+    assert len(builds) == 1, builds
+    assert "headers-" in (builds[0] / "build.ninja").read_text()  # built with the precompiled header
+
+
 # Writes only the positive elements and relies on torch.empty handing out zeroed memory (fresh
 # pages from the OS often are): right by luck, wrong by construction.
 SKIPS_ZEROS = python_candidate(
