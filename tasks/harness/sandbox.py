@@ -61,6 +61,7 @@ UID_BASE, UID_SPAN = 200_000, 50_000
 # worker made (inductor's locks/*.lock: a second user got EACCES and torch.compile failed), which no
 # owner-only scheme allows; the harness's own artifacts (cpu/, cuda/, nvrtc/) stay owner-only.
 SANDBOX_GID = UID_BASE + UID_SPAN
+SANDBOX_USER = "kforge-worker"  # USER and LOGNAME of a worker with a uid of its own
 TOOL_CACHE_MODE, ARTIFACT_MODE = 0o3775, 0o1777  # setgid + sticky, group-writable; sticky, world-writable
 # Between the orchestrator and the worker (popped by the worker before any candidate code runs).
 ENV_UID, ENV_DIRS, ENV_HOST_NS, ENV_LAUNCH = (
@@ -271,7 +272,9 @@ def worker_launch(own_dirs: list[Path], home: Path, env: dict[str, str]) -> tupl
             _share_tool_cache(cache)
         elif stat.S_IMODE(cache.stat().st_mode) != ARTIFACT_MODE:
             os.chmod(cache, ARTIFACT_MODE)
-    return prefix, {**extra, ENV_UID: str(uid), "HOME": str(home)}
+    # The uid has no passwd entry: getpass.getuser() (inductor's and Triton's cache paths) reads these first.
+    names = {"USER": SANDBOX_USER, "LOGNAME": SANDBOX_USER}
+    return prefix, {**extra, ENV_UID: str(uid), "HOME": str(home), **names}
 
 
 # --- the launcher and the namespace's init (this file run as a script, as root or in a user namespace) ---

@@ -30,9 +30,6 @@ def test_a_torch_compile_that_fails_on_its_first_call_keeps_the_eager_time(confi
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
-@pytest.mark.xfail(
-    strict=False, reason="on the H200 (2026-12-04) compile_ms came back None; the error was not captured"
-)
 def test_on_a_gpu_the_compiled_baseline_is_timed_in_a_stage_of_its_own(config):
     gpu = config.model_copy(update={"backend": "cuda", "torch_compile_baseline": True})
     result = evaluate_in_worker("baseline", PROBLEM, None, gpu)

@@ -41,9 +41,10 @@ MARKER = "4242.5"  # the grandchild runs `sleep 4242.5`: pgrep finds it by that
 
 PROBE = textwrap.dedent(
     """
-    import ctypes, json, os, socket, time
+    import ctypes, getpass, json, os, socket, time
 
-    found = {"uid": os.getuid(), "cwd": os.getcwd()}
+    # getpass.getuser() raises where the uid has no name (inductor and Triton call it for their caches)
+    found = {"uid": os.getuid(), "cwd": os.getcwd(), "user": getpass.getuser()}
     found["sees_tmp_file"] = os.path.exists(TMP_FILE)
     found["sees_shm_file"] = os.path.exists(SHM_FILE)
     try:
@@ -183,6 +184,7 @@ def test_probes_stay_inside_the_sandbox(probe):
     assert not found["connected"], found  # (e) no network, not even the host's loopback
     assert alive == [], f"the setsid grandchild outlived its worker: {alive}"  # (f) the namespace died with it
     assert found["uid"] >= sandbox.UID_BASE, found  # (g) a user of its own, not root
+    assert found["user"] == sandbox.SANDBOX_USER, found  # with a name for the tools that ask
     assert result["isolation"] == {layer: "ok" for layer in sandbox.LAYERS}, result["isolation"]  # (h)
     assert result["network_isolated"] is True
 
