@@ -157,12 +157,13 @@ def wait_for_request(control_dir: Path, warm_device: str) -> tuple[Path, Path] |
         torch.empty(1, device="cuda")
         torch.cuda.synchronize()
         # A process's first device trace loads and sets up CUPTI (76 ms on an H200 against 14 ms for
-        # later ones, the second 36 ms): a spare pays that here, not its first watched calls. It also
-        # sizes the gate kernel.
-        from tasks.harness.dispatch import record_ops
+        # later ones, the second 36 ms): a spare pays that here, not its first watched calls. They
+        # also measure the device's clock for the gate kernel, sized for a first call afterwards.
+        from tasks.harness.dispatch import GATE_FIRST_MS, record_ops, set_gate_ms
 
         for _ in range(2):
             record_ops(lambda: None, device_kernels=True)
+        set_gate_ms(GATE_FIRST_MS)
     if not sys.stdin.readline():
         return None
     return control_dir / "request.json", control_dir / "result.json"
