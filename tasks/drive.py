@@ -471,7 +471,8 @@ def _check_ops(session: Session, call: Call, config: RunConfig) -> None:
     if untraced and trusted.device_traces_work(session.runtime.device):
         excerpt = (
             "a watched call's device trace held no gate and marker kernels on the current stream: ModelNew.forward "
-            "stopped the profiler or turned its device activity off; leave the profiler alone"
+            "stopped the profiler, turned its device activity off or replied without its trace; leave the "
+            "profiler and the reply to the harness"
         )
         raise _failure("integrity_violation", "device_trace", excerpt)
     # Device work that starts before the current stream reached forward or ends after it passed
