@@ -202,9 +202,13 @@ def _wrapped(function_name: str, original: Callable[..., Any], root: Path) -> Ca
         if arguments.get("build_directory") is None:
             name = str(arguments.get("name", "extension"))
             directory = root / f"{name}-{build_key(function_name, arguments)}"
-            directory.mkdir(parents=True, exist_ok=True)
             arguments = {**arguments, "build_directory": str(directory)}
         return arguments
+
+    def built(arguments: dict[str, Any]) -> Any:
+        # made only for a build that is tried: a lighter build that is never needed leaves no folder
+        Path(arguments["build_directory"]).mkdir(parents=True, exist_ok=True)
+        return original(**arguments)
 
     @functools.wraps(original)
     def build(*args: Any, **kwargs: Any) -> Any:
@@ -224,13 +228,13 @@ def _wrapped(function_name: str, original: Callable[..., Any], root: Path) -> Ca
                 lighter.append(in_own_directory(trimmed))
             for attempt in lighter:
                 try:
-                    return original(**attempt)
+                    return built(attempt)
                 except Exception as exc:  # noqa: BLE001 - built again as written below: its own error, if any
                     tail = " ".join(str(exc).split())[-300:]
                     print(f"kforge: a lighter build of {arguments.get('name')} failed ({tail})", file=sys.stderr)
                     # torch would call the second build of the same name `<name>_v1` in its messages
                     cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(arguments.get("name"), None)
-        return original(**in_own_directory(arguments))
+        return built(in_own_directory(arguments))
 
     return build
 
