@@ -465,14 +465,15 @@ def _as_output(session: Session, copies: list[Any]) -> Any:
 def _check_ops(session: Session, call: Call, config: RunConfig) -> None:
     from tasks.harness.dispatch import library_calls, library_kernels
 
-    # A watched GPU call's trace without its gate and marker, where this process's own trace has them,
-    # was stopped or emptied by the candidate: the side-stream check would have nothing to judge
+    # A watched GPU call's trace without its gate and marker or with a launch whose kernel is missing,
+    # where this process's own trace is whole, was stopped or emptied by the candidate: the side-stream
+    # check would have nothing to judge
     untraced = call.device_overrun_ms is None and session.runtime.device.type == "cuda"
     if untraced and trusted.device_traces_work(session.runtime.device):
         excerpt = (
-            "a watched call's device trace held no gate and marker kernels on the current stream: ModelNew.forward "
-            "stopped the profiler, turned its device activity off or replied without its trace; leave the "
-            "profiler and the reply to the harness"
+            "a watched call's device trace lacked its gate and marker on the current stream or a launched kernel: "
+            "ModelNew.forward stopped the profiler, turned its device activity off or replied without its trace; "
+            "leave the profiler and the reply to the harness"
         )
         raise _failure("integrity_violation", "device_trace", excerpt)
     # Device work that starts before the current stream reached forward or ends after it passed

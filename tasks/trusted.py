@@ -66,7 +66,7 @@ _device_traces: dict[int, bool] = {}
 
 def device_traces_work(device: Any) -> bool:
     """Whether the torch profiler's device trace, as the workers take it on watched calls, names the
-    gate and marker kernels on this GPU, tried once per GPU in this process: where it does, a
+    gate kernel and marker copy on this GPU, tried once per GPU in this process: where it does, a
     watched call whose trace lacks them had its trace turned off by the candidate."""
     index = device.index or 0
     with _profiler_lock:

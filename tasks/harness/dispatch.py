@@ -22,10 +22,13 @@ from typing import Any
 # Bound at import, before any candidate runs: a candidate that replaces these (a record_function
 # that records nothing, a _sleep that launches nothing) would otherwise hide the marker and with it
 # the side-stream check
+import torch
 from torch.autograd.profiler import profile, record_function
 from torch.cuda import _sleep as _marker_kernel
 
 _clock = time.perf_counter
+_copy = torch.Tensor.copy_
+_REACHED: dict[str, Any] = {}  # a 4-byte device tensor and its pinned host twin, made on first use
 
 # Allocation, views, copies and shape queries: a kernel needs them, they compute nothing.
 ALWAYS_ALLOWED = frozenset(
@@ -67,16 +70,20 @@ def record_ops(
         if not device_kernels:
             result = fn(*args)
         else:
-            # Inside one annotation: a gate kernel on the current stream, fn, and a marker kernel on the
-            # current stream launched the moment fn returns (both outside the dispatcher). Work fn
-            # orders after the current stream starts after the gate; the marker starts once the current
-            # stream has done fn's work. The gate outlasts fn's host time, so the marker is queued
-            # before the gate ends: a short kernel on a private stream still runs when it starts.
+            # Inside one annotation: a gate kernel on the current stream, fn, and a marker on the
+            # current stream queued the moment fn returns. Work fn orders after the current stream
+            # starts after the gate; the marker starts once the current stream has done fn's work.
+            # The gate outlasts fn's host time, so the marker is queued before the gate ends: a short
+            # kernel on a private stream still runs when it starts. The marker is a 4-byte copy to
+            # pinned memory, which a copy engine runs: a kernel would wait for a free multiprocessor,
+            # behind the blocks of a private-stream kernel launched just before it, and start only
+            # as that kernel's last wave ran (measured on an H200: 3-9 us of a 25 us ReLU left outside).
+            source, target = _reached_buffers()
             with record_function(MARKER):
                 _marker_kernel(_GATE["cycles"])
                 began = _clock()
                 result = fn(*args)
-                _marker_kernel(1)
+                _copy(target, source, non_blocking=True)
                 host_ms = (_clock() - began) * 1000
     names = set()
     for event in recorded.function_events:
@@ -93,6 +100,13 @@ def record_ops(
         _GATE["cycles_per_ms"] = _GATE["cycles"] / gate_ms
         set_gate_ms(min(GATE_MAX_MS, max(GATE_MIN_MS, 2 * host_ms)))
     return result, names, outside_ms
+
+
+def _reached_buffers() -> tuple[Any, Any]:
+    if not _REACHED:
+        _REACHED["source"] = torch.zeros(1, dtype=torch.int32, device="cuda")
+        _REACHED["target"] = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+    return _REACHED["source"], _REACHED["target"]
 
 
 def set_gate_ms(target_ms: float) -> None:
@@ -126,27 +140,38 @@ def _outside_ms(recorded: Any) -> tuple[float | None, float | None]:
     if len(markers) != 1:
         return (MARKER_FORGED if markers else None), None
     mark = markers[0]
-    # The gate's launch is the first on the annotation's thread inside it, the marker's the last
-    launches = sorted(
+    # The gate's launch is the first kernel launch on the annotation's thread inside it, the marker's
+    # the last copy there
+    inside = sorted(
         (
             e
             for e in events
-            if "LaunchKernel" in e.name()
-            and e.start_thread_id() == mark.start_thread_id()
-            and mark.start_ns() <= e.start_ns() <= mark.end_ns()
+            if e.start_thread_id() == mark.start_thread_id() and mark.start_ns() <= e.start_ns() <= mark.end_ns()
         ),
         key=lambda e: e.start_ns(),
     )
+    kernel_launches = [e for e in inside if "LaunchKernel" in e.name()]
+    copies = [e for e in inside if e.name().startswith("cudaMemcpy")]
     # Device work: kernels, copies and fills; not the synchronizations CUPTI also lists on the device
     device = [
         e
         for e in events
         if str(e.device_type()).endswith("CUDA") and e.name() != MARKER and "sync" not in e.name().lower()
     ]
-    if len(launches) < 2:
+    if not kernel_launches or not copies:
         return None, None
-    gate = [e for e in device if e.correlation_id() == launches[0].correlation_id()]
-    marked = [e for e in device if e.correlation_id() == launches[-1].correlation_id()]
+    # A launch inside the annotation without its kernel on the device was hidden from the trace
+    # (the candidate turned kernel records off after the gate): the trace cannot judge the call
+    recorded_ids = {e.correlation_id() for e in device}
+    launched_ids = {
+        e.correlation_id()
+        for e in events
+        if "LaunchKernel" in e.name() and mark.start_ns() <= e.start_ns() <= mark.end_ns()
+    }
+    if not launched_ids <= recorded_ids:
+        return None, None
+    gate = [e for e in device if e.correlation_id() == kernel_launches[0].correlation_id()]
+    marked = [e for e in device if e.correlation_id() == copies[-1].correlation_id()]
     if not gate or not marked:
         return None, None
     opened_ns, reached_ns = gate[0].end_ns(), marked[0].start_ns()

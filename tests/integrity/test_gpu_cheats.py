@@ -120,9 +120,10 @@ def trace_turned_off() -> str:
 
 
 def test_a_candidate_that_turns_the_device_trace_off_is_caught(config):
-    """Without the trace's gate and marker the side-stream check has nothing to stand on: where this
-    process's own trace of the same kind names them, a watched call's trace without them is the
-    candidate's doing (device_trace), not a pass. The honest kernel's trace has them."""
+    """With kernel records turned off after the gate, the side-stream kernel's launch is in the trace
+    but its kernel is not, so the side-stream check has nothing to stand on: where this process's own
+    trace of the same kind is whole, that is the candidate's doing (device_trace), not a pass. The
+    honest kernel's trace is whole."""
     gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
     hidden = evaluate_in_worker("verify", PROBLEM, trace_turned_off(), gpu)
     assert (hidden.get("outcome"), hidden.get("error_class")) == ("integrity_violation", "device_trace"), hidden
