@@ -278,6 +278,68 @@ def test_replying_before_the_device_is_done_gains_nothing(config):
         assert (cheat["outcome"], cheat["error_class"]) in caught, cheat
 
 
+# An honest ReLU whose output is zeroed after one timed call (the first unwatched one past the sixth
+# model call: warm-up is three to five calls), so only a judge of that very call can see it.
+WRONG_ONCE = """
+import sys
+session = sys.modules["tasks.harness.session"]
+sys.modules["tasks.harness.guard"].patched = lambda bindings: []
+honest_call, calls = session._call, [0]
+
+def once_wrong(step, model, device, state, bindings, classify):
+    reply = honest_call(step, model, device, state, bindings, classify)
+    if model is not state.get("echo_model") and not step.get("record"):
+        calls[0] += 1
+        if calls[0] == 7:
+            state["outputs"][0].zero_()
+            torch.cuda.synchronize()
+    return reply
+
+session._call = once_wrong
+"""
+
+
+def test_every_timed_call_is_judged_against_the_paired_reference(config):
+    """One wrong timed call among ten: the reservoir sample holds it about one time in four, the
+    comparison with the paired reference's output on the same inputs every time."""
+    gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
+    honest = relu_candidate(on_side_stream=False)
+    cheat = honest.replace("import torch\n", "import torch\n" + WRONG_ONCE, 1)
+    assert cheat != honest
+    for _ in range(2):
+        caught = evaluate_in_worker("time", PROBLEM, cheat, gpu)
+        assert (caught["outcome"], caught["error_class"]) == ("integrity_violation", "timed_output"), caught
+
+
+# 1 GB in and out: the orchestrator's copy of each worker's output as a call ends takes about 0.5 ms
+SCALE_1GB = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 3.0
+
+def get_inputs():
+    return [torch.rand(16384, 16384)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_an_identity_candidate_with_a_large_output_keeps_its_claim(config):
+    """The paired reference's round trip holds the same output copy as its candidate's, so an
+    identical model's claim stands. Before, its copy was missing: the candidate's floor was one 4 GB
+    copy (2.2 ms on an H200) above the reference's, the claims refuted, identity speedups 0.48."""
+    gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True})
+    identity = SCALE_1GB + "\nclass ModelNew(Model):\n    pass\n"
+    result = evaluate_in_worker("time", SCALE_1GB, identity, gpu)
+    assert result["outcome"] == "correct", result
+    assert result["timing_source"] == "claimed", result
+    assert 0.8 < result["runtime_ms"] / result["paired_eager_ms"] < 1.25, result
+
+
 MATMUL = (ROOT / "data" / "problems" / "smoke" / "1_matmul.py").read_text()
 # Row 18 past the dispatcher: cuBLAS called directly (ctypes here; C++ in an extension is the same to
 # the device), so no aten::mm is ever dispatched. Only the device trace names its kernels.
