@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -692,7 +693,15 @@ def compact_command(
     typer.echo(f"{len(changed)} partition(s) compacted, {len(done) - len(changed)} already compact")
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    # Prefect's flow engine turns SIGTERM into an exception, then sends it again to the handler it
+    # found. Python's default one ends the process at once, skipping atexit, where Prefect stops its
+    # ephemeral server: that server was left running. SystemExit runs atexit.
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     app(prog_name="kforge")
 
 

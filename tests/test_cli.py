@@ -266,3 +266,26 @@ def test_sigterm_ends_the_stages_in_flight_and_records_nothing_unfinished(tmp_pa
     attempts = results.load("attempts", tmp_path / "results")
     assert "1_sleepy" not in set(attempts.get("problem_id", []))  # nothing recorded of what did not finish
     assert set(attempts.get("outcome", [])) <= {"correct"}  # and 1_relu, if it finished, honestly so
+    # and its ephemeral Prefect server ends with it (it used to be left running, parent pid 1)
+    deadline = time.monotonic() + 15
+    while (left := prefect_servers(tmp_path / "prefect")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"Prefect servers left running after kforge ended: {left}"
+
+
+def prefect_servers(prefect_home: Path) -> list[int]:
+    """The pids of Prefect ephemeral servers (uvicorn) started under this PREFECT_HOME."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline, environ = (proc / "cmdline").read_bytes(), (proc / "environ").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        home = b"\0PREFECT_HOME=" + str(prefect_home).encode() + b"\0"
+        if b"prefect.server.api.server:create_app" in cmdline and home in b"\0" + environ + b"\0":
+            found.append(int(proc.name))
+    return found
