@@ -215,10 +215,7 @@ def _session(
         buffers = _attach(talk, runtime)
         session = Session(talk, runtime, buffers, isolation=ready.get("isolation"), ahead=ahead)
         session.candidate_source = candidate_source or ""
-        # The baselines run trusted code alone. A paired reference takes the same copy as its candidate:
-        # its round trip then holds the same work (without it, a 4 GB output's copy, 2.2 ms on an H200,
-        # refuted honest claims), and every timed call's output has the reference's to be judged against
-        if runtime.device.type == "cuda" and (model == "candidate" or stage == "paired"):
+        if copies_outputs(runtime.device.type, stage):
             session.latest = [view.clone() for view in buffers.outputs]
         session.threads = config.threads or os.cpu_count() or 1
         if time.perf_counter() - made < 0.001:  # the worker was ready before the inputs were: count them
@@ -227,6 +224,15 @@ def _session(
             yield session
         finally:
             buffers.close()
+
+
+def copies_outputs(device_type: str, stage: str) -> bool:
+    """Whether this process copies a stage's outputs as each call ends (`_call`): on a GPU, for a
+    candidate and for its paired reference alike, so the two round trips of a pair hold the same
+    work (without the reference's copy, a 4 GB output's 2.2 ms on an H200 refuted honest claims)
+    and every timed call's output has the reference's to be judged against. The baselines run
+    trusted code alone."""
+    return device_type == "cuda" and stage not in ("baseline", COMPILED_BASELINE)
 
 
 def _runtime(stage: str, problem_source: str, config: RunConfig, request: WorkerRequest) -> trusted.ProblemRuntime:

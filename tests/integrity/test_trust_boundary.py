@@ -270,6 +270,16 @@ def pairs_of(n: int, claimed: float, true_ms: float, jitter_ms: float, seed: int
     return candidate, reference
 
 
+def test_on_a_gpu_a_candidate_and_its_paired_reference_take_the_same_output_copy():
+    """The copy a GPU call's clock waits for is in both round trips of a pair; dd44939 left it out
+    of the reference's, and an identity candidate's claims on 4 GB outputs were refuted (0.48x)."""
+    for stage in ("verify", "time", "paired"):
+        assert drive.copies_outputs("cuda", stage), stage
+    for stage in ("baseline", drive.COMPILED_BASELINE):
+        assert not drive.copies_outputs("cuda", stage), stage
+    assert not drive.copies_outputs("cpu", "time")  # the cpu's buffers are read where the worker left them
+
+
 def test_paired_claims_stand_on_a_busy_host_and_fall_when_forged():
     # An identity kernel of 50 us on a host whose round trips jitter by up to 0.5 ms: its claims stand,
     # where the unpaired rule (floor = observed less the median echo) gives up to 10x its true time.
