@@ -66,6 +66,10 @@ def record_ops(
     # torch.manual_seed: the autograd profiler underneath it does the recording without that.
     config = _all_threads_config() if all_threads else None
     device = "cuda" if device_kernels else None
+    # Made before the profiler starts: the first call's fill of them would be device work in the
+    # trace before the gate, which _outside_ms counts as work started early (a fresh worker's first
+    # watched call, one no standby warm-up traced before, would be side_stream)
+    source, target = _reached_buffers() if device_kernels else (None, None)
     with profile(use_kineto=True, use_device=device, experimental_config=config) as recorded:
         if not device_kernels:
             result = fn(*args)
@@ -78,7 +82,6 @@ def record_ops(
             # pinned memory, which a copy engine runs: a kernel would wait for a free multiprocessor,
             # behind the blocks of a private-stream kernel launched just before it, and start only
             # as that kernel's last wave ran (measured on an H200: 3-9 us of a 25 us ReLU left outside).
-            source, target = _reached_buffers()
             with record_function(MARKER):
                 _marker_kernel(_GATE["cycles"])
                 began = _clock()

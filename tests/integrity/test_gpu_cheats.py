@@ -77,6 +77,14 @@ def private_stream_relu(ordered_after: bool, joined: bool) -> str:
     return source
 
 
+def test_a_fresh_workers_first_watched_call_is_judged_as_any_other(config):
+    """Without a standby warm-up (no pool) a worker's first watched call is also its first device
+    trace: whatever the harness sets up for the trace must not show in it as the candidate's work."""
+    gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True, "worker_pool": 0})
+    honest = evaluate_in_worker("verify", PROBLEM, relu_candidate(on_side_stream=False), gpu)
+    assert honest["outcome"] == "correct", honest
+
+
 @pytest.mark.parametrize("ordered_after", [False, True], ids=["unordered", "ordered-after"])
 def test_one_small_launch_on_a_private_stream_is_caught(config, ordered_after):
     """The attack that beat the 0.1 ms floor, and then the observed time (its round trip's noise is
