@@ -227,12 +227,15 @@ def _session(
 
 
 def copies_outputs(device_type: str, stage: str) -> bool:
-    """Whether this process copies a stage's outputs as each call ends (`_call`): on a GPU, for a
-    candidate and for its paired reference alike, so the two round trips of a pair hold the same
-    work (without the reference's copy, a 4 GB output's 2.2 ms on an H200 refuted honest claims)
-    and every timed call's output has the reference's to be judged against. The baselines run
-    trusted code alone."""
-    return device_type == "cuda" and stage not in ("baseline", COMPILED_BASELINE)
+    """Whether this process copies a stage's outputs as each call ends (`_call`): on a GPU, in every
+    stage, so every round trip holds the same work. A candidate's and its paired reference's (without
+    the reference's copy, a 4 GB output's 2.2 ms on an H200 refuted honest claims; with it every timed
+    call's output has the reference's to be judged against), and the baselines' too: a candidate
+    timed without a partner (a memory plan with the pair off) takes its empty-call floor and its
+    observed times' counterpart from the baseline stage, and without the baseline's copy an identity
+    candidate on a 6.4 GB output was refuted and got 0.49 of eager. On the cpu the buffers are read
+    where the worker left them."""
+    return device_type == "cuda"
 
 
 def _runtime(stage: str, problem_source: str, config: RunConfig, request: WorkerRequest) -> trusted.ProblemRuntime:

@@ -348,6 +348,23 @@ def test_an_identity_candidate_with_a_large_output_keeps_its_claim(config):
     assert 0.8 < result["runtime_ms"] / result["paired_eager_ms"] < 1.25, result
 
 
+def test_an_identity_candidate_without_a_partner_keeps_its_claim_on_a_large_output(config):
+    """Timed without a paired reference (as a memory plan does for the biggest problems), a
+    candidate's empty-call floor and eager time come from the baseline stage, which must take the same
+    output copy: without it, identity candidates on 6.4 GB outputs were refuted (0.49 of eager)."""
+    from tasks.measure import speedups
+
+    gpu = config.model_copy(update={"backend": "cuda", "allow_library_calls": True, "paired_reference": False})
+    baseline = evaluate_in_worker("baseline", SCALE_1GB, None, gpu)
+    assert baseline["outcome"] == "correct", baseline
+    identity = SCALE_1GB + "\nclass ModelNew(Model):\n    pass\n"
+    result = evaluate_in_worker("time", SCALE_1GB, identity, gpu, baseline["echo_ms"], baseline.get("echo_cpu_ms"))
+    assert result["outcome"] == "correct", result
+    assert "paired_eager_ms" not in result, result
+    assert result["timing_source"] == "claimed", (result, baseline)
+    assert 0.8 < speedups(result, baseline)["speedup_eager"] < 1.25, (result, baseline)
+
+
 MATMUL = (ROOT / "data" / "problems" / "smoke" / "1_matmul.py").read_text()
 # Row 18 past the dispatcher: cuBLAS called directly (ctypes here; C++ in an extension is the same to
 # the device), so no aten::mm is ever dispatched. Only the device trace names its kernels.
