@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 from tasks.harness.protocol import OUTCOMES  # one list, shared with the harness
 
 # 2: agents F and G; 3: the LLM soft check; 4: the trust boundary's evidence; 5: eager_source; 6: kb_updates.tokens;
-# 7: attempts.host and the GPU it ran on (gpu_index, gpu_name, gpu_uuid)
-SCHEMA_VERSION = 7
+# 7: attempts.host and the GPU it ran on (gpu_index, gpu_name, gpu_uuid); 8: retimed_from
+SCHEMA_VERSION = 8
 
 
 RUN_STATUSES = ("running", "finished", "failed")
@@ -110,6 +110,8 @@ ATTEMPTS_SCHEMA = _schema(
         ("timing_source", pa.string()),
         # eager_ms timed beside the candidate's calls ("paired") or by the problem's baseline stage ("baseline")
         ("eager_source", pa.string()),
+        # the floor that refuted a cpu stage's claims, where a fresh pair timed it again (tasks/measure.py)
+        ("retimed_from", pa.string()),
         ("claimed_ms", pa.float64()),
         ("observed_ms", pa.float64()),
         ("judged_seeds", pa.string()),

@@ -43,8 +43,29 @@ def time_candidate(
     """Median/p10/p90 runtime of a verified candidate, or the outcome that stopped it; the
     problem's `baseline` result, when given, bounds its claims by the trusted echo time."""
     baseline = baseline or {}
-    return evaluate_in_worker(
-        "time", problem.source, candidate_source, config, baseline.get("echo_ms"), baseline.get("echo_cpu_ms")
+
+    def timed() -> dict[str, Any]:
+        echo_ms, echo_cpu_ms = baseline.get("echo_ms"), baseline.get("echo_cpu_ms")
+        return evaluate_in_worker("time", problem.source, candidate_source, config, echo_ms, echo_cpu_ms)
+
+    result = timed()
+    if refuted_on_the_cpu(result, config):
+        # On the cpu one process of an honest pair can be the heavier for a whole stage (0.1 ms of CPU
+        # a call more than its twin on a 2-core machine, its claims within 2%), wherever its pages and
+        # threads landed: identity candidates refuted, 0.4-0.6x, in 2 to 3 stages of 10. A fresh pair
+        # decides; work a candidate hides is refuted again, and the second stage's time is the one kept.
+        first = result["timing_source"]
+        result = {**timed(), "retimed_from": first}
+    return result
+
+
+def refuted_on_the_cpu(result: dict[str, Any], config: RunConfig) -> bool:
+    """A cpu time stage whose claims a floor refuted beside a paired reference."""
+    return (
+        config.backend == "cpu"
+        and result.get("outcome") == "correct"
+        and result.get("timing_source") not in (None, "claimed")
+        and result.get("paired_eager_ms") is not None
     )
 
 

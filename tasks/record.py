@@ -121,6 +121,7 @@ def attempt_row(
         "soft_check_tokens_in": 0,
         "soft_check_tokens_out": 0,
         "timing_source": timing.get("timing_source"),
+        "retimed_from": timing.get("retimed_from"),
         "claimed_ms": timing.get("claimed_ms"),
         "observed_ms": timing.get("observed_ms"),
         "judged_seeds": json.dumps(timing["judged_seeds"]) if timing.get("judged_seeds") else None,

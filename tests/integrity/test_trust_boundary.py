@@ -31,13 +31,8 @@ def stages(problem: str, candidate: str, config) -> dict:
     return {**result, "stage": "time"}
 
 
-@pytest.mark.parametrize("slow", [100, 2], ids=["100x", "half-speed"])
-def test_row12_a_forged_clock_behind_a_blinded_guard_gains_nothing(config, slow):
-    """The harness clock in the worker is replaced by one that runs `slow` times slow, and the guard
-    that would notice is replaced by one that never does (what C++ running Python can do after the
-    guard has looked): the claims are that much too small, the orchestrator's clock is not. The
-    half-speed clock is the modest forgery that a pairs' test over this config's few calls missed."""
-    forged = kernel_candidate(
+def forged_clock(slow: int) -> str:
+    return kernel_candidate(
         SLOW_RELU_BODY + "\nreturn y",
         prelude=f"""
         import sys, time
@@ -47,6 +42,29 @@ def test_row12_a_forged_clock_behind_a_blinded_guard_gains_nothing(config, slow)
         sys.modules["tasks.harness.guard"].patched = lambda bindings: []
         """,
     )
+
+
+def test_on_the_cpu_a_refuted_stage_is_timed_again_and_a_forgery_stays_refuted(config):
+    """A refuted cpu stage gets a fresh pair (an honest pair's placement can refute it once): the
+    half-speed forged clock is refuted on both, and the second stage's floor is the time kept."""
+    from types import SimpleNamespace
+
+    from tasks.measure import time_candidate
+
+    result = time_candidate(SimpleNamespace(source=RELU), forged_clock(2), config)
+    assert result["outcome"] == "correct", result
+    assert result["retimed_from"] in ("observed", "cpu"), result
+    assert result["timing_source"] in ("observed", "cpu"), result
+    assert result["runtime_ms"] > 1.2 * result["claimed_ms"], result
+
+
+@pytest.mark.parametrize("slow", [100, 2], ids=["100x", "half-speed"])
+def test_row12_a_forged_clock_behind_a_blinded_guard_gains_nothing(config, slow):
+    """The harness clock in the worker is replaced by one that runs `slow` times slow, and the guard
+    that would notice is replaced by one that never does (what C++ running Python can do after the
+    guard has looked): the claims are that much too small, the orchestrator's clock is not. The
+    half-speed clock is the modest forgery that a pairs' test over this config's few calls missed."""
+    forged = forged_clock(slow)
     honest = stages(RELU, SLOW_RELU, config)
     cheat = stages(RELU, forged, config)
     assert honest["outcome"] == cheat["outcome"] == "correct", (honest, cheat)
